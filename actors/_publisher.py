@@ -1,0 +1,73 @@
+"""The publisher actor: the only writer of a store in this process.
+
+Callers put :class:`PublishMsg` in its mailbox and wait on the message's event. The actor
+takes everything waiting in the mailbox (up to ``max_batch``) and commits it in one
+transaction on its worker thread (group commit), then answers each caller. The commit runs
+under a shield and ``to_thread.run_sync`` is never abandoned, so a started transaction ends
+committed or rolled back, never half done, whatever is cancelled meanwhile. A caller
+cancelled while waiting does not un-send its request: it may still commit, in full.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import trio
+
+from engine import Outcome, Request, SqliteStore, StorageError
+
+
+@attrs.define(eq=False)
+class PublishMsg:
+    request: Request
+    done: trio.Event = attrs.field(factory=trio.Event)
+    outcome: Outcome | None = None
+
+
+@attrs.define
+class PublisherStats:
+    batches: int = 0
+    requests: int = 0
+    largest_batch: int = 0
+
+
+async def run_publisher(inbox: trio.MemoryReceiveChannel[PublishMsg], store: SqliteStore, *,
+                        max_batch: int = 1024, group_commit: bool = True,
+                        stats: PublisherStats | None = None,
+                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    limit = max_batch if group_commit else 1
+    task_status.started()
+    async with inbox:
+        async for first in inbox:
+            batch = [first]
+            while len(batch) < limit:
+                try:
+                    batch.append(inbox.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            await _commit(store, batch)
+            if stats is not None:
+                stats.batches += 1
+                stats.requests += len(batch)
+                stats.largest_batch = max(stats.largest_batch, len(batch))
+
+
+async def _commit(store: SqliteStore, batch: list[PublishMsg]) -> None:
+    requests = [m.request for m in batch]
+    with trio.CancelScope(shield=True):
+        try:
+            outcomes = await trio.to_thread.run_sync(store.commit_batch, requests)
+        except StorageError as exc:
+            # The transaction rolled back: nothing of this batch was written.
+            outcomes = [exc] * len(batch)
+    for msg, outcome in zip(batch, outcomes, strict=True):
+        msg.outcome = outcome
+        msg.done.set()
+
+
+def mailbox(size: int = 0) -> tuple[trio.MemorySendChannel[PublishMsg],
+                                     trio.MemoryReceiveChannel[PublishMsg]]:
+    """The publisher's mailbox. Unbounded by default: callers are bounded by their own
+    concurrency, and a bounded buffer here would only move the queue into blocked senders."""
+    return trio.open_memory_channel[PublishMsg](size if size else math.inf)

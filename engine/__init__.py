@@ -1,0 +1,65 @@
+"""Viano's engine: the domain and storage, with no trio task machinery.
+
+Callers import from here, never from the ``_private`` modules.
+"""
+
+from ._canonical import artifact_json as artifact_json
+from ._canonical import canonical_json as canonical_json
+from ._canonical import sha256_hex as sha256_hex
+from ._config import Config as Config
+from ._config import HypothesisLimits as HypothesisLimits
+from ._config import HypothesisPolicy as HypothesisPolicy
+from ._config import IntakeLimits as IntakeLimits
+from ._config import InterpretationPolicy as InterpretationPolicy
+from ._config import ProviderConfig as ProviderConfig
+from ._config import RetryPolicy as RetryPolicy
+from ._errors import EXIT_DEFERRED as EXIT_DEFERRED
+from ._errors import EXIT_INTERNAL as EXIT_INTERNAL
+from ._errors import EXIT_OK as EXIT_OK
+from ._errors import EXIT_REJECTED as EXIT_REJECTED
+from ._errors import ArchiveRejected as ArchiveRejected
+from ._errors import CaseExists as CaseExists
+from ._errors import CaseLocked as CaseLocked
+from ._errors import ChangeRejected as ChangeRejected
+from ._errors import ConfigError as ConfigError
+from ._errors import ImportRejected as ImportRejected
+from ._errors import InputRejected as InputRejected
+from ._errors import InvalidCaseId as InvalidCaseId
+from ._errors import NotFound as NotFound
+from ._errors import RejectedInput as RejectedInput
+from ._errors import ReportRejected as ReportRejected
+from ._errors import StaleGeneration as StaleGeneration
+from ._errors import StorageError as StorageError
+from ._errors import VianoError as VianoError
+from ._ids import new_package_id as new_package_id
+from ._ids import validate_case_id as validate_case_id
+from ._intake import ROLES as ROLES
+from ._intake import Attachment as Attachment
+from ._intake import IntakePlan as IntakePlan
+from ._intake import prepare_intake as prepare_intake
+from ._portable import ExportSummary as ExportSummary
+from ._portable import export_package as export_package
+from ._portable import read_export as read_export
+from ._store import CRASH_POINTS as CRASH_POINTS
+from ._store import INLINE_THRESHOLD as INLINE_THRESHOLD
+from ._store import PACKAGE_FORMAT as PACKAGE_FORMAT
+from ._store import BlobSource as BlobSource
+from ._store import BytesSource as BytesSource
+from ._store import CaseRef as CaseRef
+from ._store import Change as Change
+from ._store import FileSource as FileSource
+from ._store import GcReport as GcReport
+from ._store import ImportRequest as ImportRequest
+from ._store import Outcome as Outcome
+from ._store import Published as Published
+from ._store import PublishRequest as PublishRequest
+from ._store import Request as Request
+from ._store import SimulatedCrash as SimulatedCrash
+from ._store import SqliteStore as SqliteStore
+from ._store import VerifyReport as VerifyReport
+from ._store import Violation as Violation
+from ._store import arm_crash_point as arm_crash_point
+from ._store import case_lock as case_lock
+from ._store import collect_garbage as collect_garbage
+from ._store import disarm_crash_points as disarm_crash_points
+from ._store import verify_store as verify_store

@@ -1,0 +1,167 @@
+"""Configuration: one TOML file, loaded strictly.
+
+Unknown keys, wrong types (no coercion; ``true`` is not a count), non-positive counts and
+``min > max`` are refused with a message naming the key and the file, before anything runs.
+API keys never live in the file: a provider names the environment variable that holds one.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import cattrs
+
+from ._errors import ConfigError
+from ._strict import STRICT, structure_errors
+
+DEFAULT_CONFIG_PATH = Path("config/analysis.local.toml")
+ProviderKind = Literal["openai", "anthropic", "fixture"]
+
+
+def _positive(_inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value <= 0:
+        raise ValueError(f"{attribute.name} must be positive, got {value}")
+
+
+def _non_negative(_inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value < 0:
+        raise ValueError(f"{attribute.name} must not be negative, got {value}")
+
+
+@attrs.frozen
+class HypothesisLimits:
+    max_context_bytes: int = attrs.field(default=1_048_576, validator=_positive)
+    max_prior_generations: int = attrs.field(default=32, validator=_positive)
+    max_output_bytes: int = attrs.field(default=2_097_152, validator=_positive)
+    max_summary_bytes: int = attrs.field(default=2_097_152, validator=_positive)
+
+
+@attrs.frozen
+class HypothesisPolicy:
+    min_hypotheses: int = attrs.field(default=3, validator=_positive)
+    max_hypotheses: int = attrs.field(default=5, validator=_positive)
+    initial_budget: int = attrs.field(default=100, validator=_positive)
+    limits: HypothesisLimits = attrs.field(factory=HypothesisLimits)
+
+    def __attrs_post_init__(self) -> None:
+        if self.min_hypotheses > self.max_hypotheses:
+            raise ValueError(f"min_hypotheses ({self.min_hypotheses}) exceeds "
+                             f"max_hypotheses ({self.max_hypotheses})")
+
+
+@attrs.frozen
+class InterpretationPolicy:
+    auto_confirm: bool = False
+
+
+@attrs.frozen
+class RetryPolicy:
+    max_rounds: int = attrs.field(default=10, validator=_positive)
+    base_delay_s: float = attrs.field(default=30.0, validator=_positive)
+    max_delay_s: float = attrs.field(default=3600.0, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        if self.base_delay_s > self.max_delay_s:
+            raise ValueError(f"base_delay_s ({self.base_delay_s}) exceeds "
+                             f"max_delay_s ({self.max_delay_s})")
+
+
+@attrs.frozen
+class IntakeLimits:
+    """Limits applied to every archive read (intake and import)."""
+
+    max_members: int = attrs.field(default=20_000, validator=_positive)
+    max_member_bytes: int = attrs.field(default=268_435_456, validator=_positive)
+    max_total_bytes: int = attrs.field(default=1_073_741_824, validator=_positive)
+    max_compression_ratio: float = attrs.field(default=200.0, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_member_bytes > self.max_total_bytes:
+            raise ValueError(f"max_member_bytes ({self.max_member_bytes}) exceeds "
+                             f"max_total_bytes ({self.max_total_bytes})")
+
+
+@attrs.frozen
+class IntakeConfig:
+    limits: IntakeLimits = attrs.field(factory=IntakeLimits)
+
+
+@attrs.frozen
+class ProviderConfig:
+    name: str
+    kind: ProviderKind
+    base_url: str = ""
+    model: str = ""
+    api_key_env: str | None = None
+    path: str | None = None
+    timeout_s: float = attrs.field(default=120.0, validator=_positive)
+    retries: int = attrs.field(default=2, validator=_non_negative)
+    max_concurrency: int = attrs.field(default=8, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.name.strip():
+            raise ValueError("name must not be blank")
+        if self.kind == "fixture" and not self.path:
+            raise ValueError(f"provider {self.name!r} of kind 'fixture' needs 'path'")
+        if self.kind != "fixture" and not (self.base_url and self.model):
+            raise ValueError(f"provider {self.name!r} of kind {self.kind!r} needs "
+                             "'base_url' and 'model'")
+
+
+@attrs.frozen
+class Config:
+    hypotheses: HypothesisPolicy = attrs.field(factory=HypothesisPolicy)
+    interpretation: InterpretationPolicy = attrs.field(factory=InterpretationPolicy)
+    retry: RetryPolicy = attrs.field(factory=RetryPolicy)
+    intake: IntakeConfig = attrs.field(factory=IntakeConfig)
+    providers: tuple[ProviderConfig, ...] = ()
+    source: str = attrs.field(default="(built-in defaults)", eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        names = [p.name for p in self.providers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"provider names must be unique, got {names}")
+
+    @classmethod
+    def defaults(cls) -> Config:
+        return cls()
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any], *, source: str) -> Config:
+        """Structure an already-parsed TOML document, refusing anything not contracted."""
+        if "source" in data:
+            raise ConfigError(f"{source}: unknown key 'source'")
+        try:
+            config = STRICT.structure(data, cls)
+        except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
+            details = "; ".join(structure_errors(exc)) if isinstance(
+                exc, cattrs.BaseValidationError) else str(exc)
+            raise ConfigError(f"{source}: {details}") from exc
+        return attrs.evolve(config, source=source)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Config:
+        p = Path(path)
+        try:
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise ConfigError(f"{p}: configuration file not found") from exc
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{p}: cannot read configuration ({exc.__class__.__name__})") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{p}: not valid TOML ({exc})") from exc
+        return cls.from_mapping(data, source=str(p))
+
+    @classmethod
+    def resolve(cls, explicit: str | None) -> Config:
+        """``--config`` / ``VIANO_CONFIG`` if given, else the local file if present, else defaults."""
+        chosen = explicit or os.environ.get("VIANO_CONFIG")
+        if chosen:
+            return cls.load(chosen)
+        if DEFAULT_CONFIG_PATH.is_file():
+            return cls.load(DEFAULT_CONFIG_PATH)
+        return cls.defaults()

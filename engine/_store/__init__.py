@@ -1,0 +1,30 @@
+"""The store: SQLite + content-addressed blobs, generations, refs, lock, verify, gc."""
+
+from ._blobs import BlobFiles as BlobFiles
+from ._crash import CRASH_POINTS as CRASH_POINTS
+from ._crash import SimulatedCrash as SimulatedCrash
+from ._crash import arm as arm_crash_point
+from ._crash import disarm as disarm_crash_points
+from ._gc import GcReport as GcReport
+from ._gc import collect_garbage as collect_garbage
+from ._lock import case_lock as case_lock
+from ._manifest import FORMAT as PACKAGE_FORMAT
+from ._manifest import Change as Change
+from ._manifest import Published as Published
+from ._manifest import PublishRequest as PublishRequest
+from ._manifest import validate_logical_path as validate_logical_path
+from ._sources import CHUNK as CHUNK
+from ._sources import BlobSource as BlobSource
+from ._sources import BytesSource as BytesSource
+from ._sources import FileSource as FileSource
+from ._sources import ZipMemberSource as ZipMemberSource
+from ._sqlite import INLINE_THRESHOLD as INLINE_THRESHOLD
+from ._sqlite import CaseRef as CaseRef
+from ._sqlite import GenerationRow as GenerationRow
+from ._sqlite import ImportRequest as ImportRequest
+from ._sqlite import Outcome as Outcome
+from ._sqlite import Request as Request
+from ._sqlite import SqliteStore as SqliteStore
+from ._verify import Violation as Violation
+from ._verify import VerifyReport as VerifyReport
+from ._verify import verify_store as verify_store

@@ -1,0 +1,76 @@
+"""Named crash points at every durable step, for crash-injection tests and benchmarks.
+
+A point is armed either programmatically (``arm("txn.before_commit")``: the step raises
+:class:`SimulatedCrash`, a ``BaseException`` that no ordinary handler swallows) or from the
+environment of a child process (``VIANO_CRASH_AT=blob.fsync`` or ``blob.fsync:3`` for the
+third hit), in which case the process dies on the spot with ``os._exit(137)``: no cleanup,
+no rollback, no flush — the on-disk state is exactly what a power cut would leave.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+CRASH_POINTS: tuple[str, ...] = (
+    "blob.write",          # half of a large blob is in its temporary file
+    "blob.fsync",          # the temporary file is complete and fsynced, not yet renamed
+    "blob.rename",         # renamed into place, directory not yet fsynced
+    "blob.dirsync",        # directory fsynced; the transaction has not started
+    "txn.before_commit",   # every row of the batch is written, COMMIT not yet issued
+    "txn.after_commit",    # COMMIT is durable, callers not yet answered
+    "gc.before_unlink",    # gc chose an orphan, has not removed it
+)
+
+ENV_VAR = "VIANO_CRASH_AT"
+
+
+class SimulatedCrash(BaseException):
+    """Raised at an armed crash point in-process. Derives from BaseException on purpose."""
+
+
+_lock = threading.Lock()
+_armed: dict[str, int] = {}
+_hits: dict[str, int] = {}
+
+
+def _from_env() -> tuple[str, int] | None:
+    spec = os.environ.get(ENV_VAR)
+    if not spec:
+        return None
+    name, _, nth = spec.partition(":")
+    return name, int(nth or "1")
+
+
+def arm(point: str, nth: int = 1) -> None:
+    """Make the ``nth`` next hit of ``point`` raise :class:`SimulatedCrash`."""
+    if point not in CRASH_POINTS:
+        raise ValueError(f"unknown crash point {point!r}; known: {', '.join(CRASH_POINTS)}")
+    with _lock:
+        _armed[point] = nth
+        _hits[point] = 0
+
+
+def disarm() -> None:
+    with _lock:
+        _armed.clear()
+        _hits.clear()
+
+
+def crash_point(point: str) -> None:
+    """Mark a durable step. Costs one dict lookup when nothing is armed."""
+    env = _from_env()
+    if env is not None and env[0] == point:
+        with _lock:
+            _hits[point] = _hits.get(point, 0) + 1
+            if _hits[point] == env[1]:
+                os._exit(137)
+    if not _armed:
+        return
+    with _lock:
+        if point not in _armed:
+            return
+        _hits[point] += 1
+        if _hits[point] == _armed[point]:
+            del _armed[point]
+            raise SimulatedCrash(point)

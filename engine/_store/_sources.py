@@ -1,0 +1,126 @@
+"""Where the bytes of a blob come from.
+
+A change names its files by *source* rather than by bytes, so that a 1 GiB original is
+streamed from disk (or from a member of an export zip) into the store instead of being held
+in memory. Every source knows the sha256 and size it was validated with; the store
+recomputes both while copying and refuses the publication if they differ (the file changed
+between validation and copy).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+import attrs
+
+from .._canonical import sha256_hex
+
+CHUNK = 1 << 20
+
+
+class BlobSource(Protocol):
+    @property
+    def sha256(self) -> str: ...
+
+    @property
+    def size(self) -> int: ...
+
+    def open(self) -> BinaryIO: ...
+
+
+@attrs.frozen
+class BytesSource:
+    data: bytes
+    sha256: str
+    size: int
+
+    @classmethod
+    def of(cls, data: bytes) -> BytesSource:
+        return cls(data=data, sha256=sha256_hex(data), size=len(data))
+
+    def open(self) -> BinaryIO:
+        import io
+
+        return io.BytesIO(self.data)
+
+
+@attrs.frozen
+class FileSource:
+    path: Path
+    sha256: str
+    size: int
+
+    @classmethod
+    def of(cls, path: Path) -> FileSource:
+        digest, size = hash_stream_path(path)
+        return cls(path=path, sha256=digest, size=size)
+
+    def open(self) -> BinaryIO:
+        return self.path.open("rb")
+
+
+@attrs.frozen
+class ZipMemberSource:
+    archive: Path
+    member: str
+    sha256: str
+    size: int
+
+    def open(self) -> BinaryIO:
+        zf = zipfile.ZipFile(self.archive)
+        try:
+            return _ClosingMember(zf, zf.open(self.member))  # type: ignore[return-value]
+        except BaseException:
+            zf.close()
+            raise
+
+
+class _ClosingMember:
+    """A zip member stream that also closes its archive."""
+
+    def __init__(self, zf: zipfile.ZipFile, stream: BinaryIO):
+        self._zf, self._stream = zf, stream
+
+    def read(self, n: int = -1) -> bytes:
+        return self._stream.read(n)
+
+    def close(self) -> None:
+        self._stream.close()
+        self._zf.close()
+
+    def __enter__(self) -> _ClosingMember:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def hash_stream(stream: BinaryIO, limit: int | None = None) -> tuple[str, int]:
+    """sha256 and size of a stream, reading at most ``limit + 1`` bytes if a limit is given."""
+    h = hashlib.sha256()
+    size = 0
+    while True:
+        want = CHUNK if limit is None else min(CHUNK, limit + 1 - size)
+        if want <= 0:
+            break
+        chunk = stream.read(want)
+        if not chunk:
+            break
+        h.update(chunk)
+        size += len(chunk)
+    return h.hexdigest(), size
+
+
+def hash_stream_path(path: Path) -> tuple[str, int]:
+    with path.open("rb") as f:
+        return hash_stream(f)
+
+
+def read_source(source: BlobSource) -> bytes:
+    if isinstance(source, BytesSource):
+        return source.data
+    with source.open() as f:
+        return f.read()

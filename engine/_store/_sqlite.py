@@ -1,0 +1,480 @@
+"""The embedded store: SQLite (WAL, synchronous=FULL) for metadata, blobs by sha256.
+
+Tables: ``blobs`` (content-addressed; small blobs inline, large ones as files with
+``data IS NULL``), ``generations`` (one row per immutable generation, with the exact
+manifest bytes and their hash) and ``refs`` (the head generation of each package; it is also
+the case index). One batch of requests is one transaction; the "swap" of a generation is
+the compare-and-swap on ``refs.generation`` made under the write lock.
+
+Blocking by design: the publisher actor calls :meth:`commit_batch` from its one worker
+thread, and the CLI's read commands call the readers directly.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from .._canonical import sha256_hex, utc_now_iso
+from .._errors import (
+    CaseExists,
+    ImportRejected,
+    NotFound,
+    StaleGeneration,
+    StorageError,
+    VianoError,
+)
+from ._blobs import BlobFiles
+from ._crash import crash_point
+from ._manifest import Published, PublishRequest, build_manifest, encode_manifest
+from ._sources import BlobSource, read_source
+
+STORE_FORMAT = "viano-store/1"
+# Blobs up to this size live inside SQLite; larger ones are fsynced files. Measured by
+# bench/blob_threshold.py on these machines: see the README's benchmark section.
+INLINE_THRESHOLD = 256 * 1024
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS blobs (
+    sha256 TEXT PRIMARY KEY, size INTEGER NOT NULL, data BLOB);
+CREATE TABLE IF NOT EXISTS generations (
+    package_id TEXT NOT NULL, generation INTEGER NOT NULL, parent INTEGER,
+    manifest_sha256 TEXT NOT NULL, manifest BLOB NOT NULL,
+    phase TEXT NOT NULL, created_at TEXT NOT NULL,
+    PRIMARY KEY (package_id, generation));
+CREATE TABLE IF NOT EXISTS refs (
+    package_id TEXT PRIMARY KEY, case_id TEXT NOT NULL UNIQUE, generation INTEGER NOT NULL,
+    phase TEXT NOT NULL, analysis_revision INTEGER NOT NULL, updated_at TEXT NOT NULL);
+"""
+
+
+@attrs.frozen
+class ImportRequest:
+    """Insert a whole validated history (``manifests`` in generation order) as it is.
+
+    If the package already exists, its history must be a prefix of the imported one: the
+    missing generations are appended (fast-forward); identical history is a no-op.
+    """
+
+    package_id: str
+    case_id: str
+    manifests: tuple[bytes, ...]
+    blobs: Mapping[str, BlobSource]
+
+
+@attrs.frozen
+class CaseRef:
+    case_id: str
+    package_id: str
+    generation: int
+    phase: str
+    analysis_revision: int
+    updated_at: str
+
+
+@attrs.frozen
+class GenerationRow:
+    package_id: str
+    generation: int
+    parent: int | None
+    manifest_sha256: str
+    manifest: bytes
+    phase: str
+    created_at: str
+
+
+Request = PublishRequest | ImportRequest
+Outcome = Published | VianoError
+
+
+class SqliteStore:
+    """One store directory: ``store.sqlite3``, ``blobs/``, ``locks/``."""
+
+    def __init__(self, root: Path, *, inline_threshold: int = INLINE_THRESHOLD):
+        self.root = root
+        self.db_path = root / "store.sqlite3"
+        self.blob_files = BlobFiles(root)
+        self.inline_threshold = inline_threshold
+        self._local = threading.local()
+        self._writer: sqlite3.Connection | None = None
+        self._manifest_cache: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
+        self.transactions = 0
+
+    # -- opening ---------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, root: str | Path, *, create: bool, **kw: Any) -> SqliteStore:
+        root = Path(root)
+        db = root / "store.sqlite3"
+        if not db.is_file():
+            if not create:
+                raise NotFound(f"no store at {root}", reason="no_store",
+                               hint="Create one with 'viano intake' or pass --store PATH.")
+            root.mkdir(parents=True, exist_ok=True)
+        store = cls(root, **kw)
+        store._init_schema()
+        return store
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(self.db_path, isolation_level=None, check_same_thread=False,
+                                   timeout=30.0)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA busy_timeout=30000")
+        except sqlite3.Error as exc:
+            raise StorageError(f"cannot open {self.db_path}: {exc}",
+                               reason="store_unavailable") from exc
+        return conn
+
+    def _init_schema(self) -> None:
+        conn = self.writer
+        with _translate("initialise the store"):
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for stmt in _SCHEMA.strip().split(";"):
+                    if stmt.strip():
+                        conn.execute(stmt)
+                row = conn.execute("SELECT value FROM meta WHERE key='format'").fetchone()
+                if row is None:
+                    conn.execute("INSERT INTO meta VALUES ('format', ?)", (STORE_FORMAT,))
+                elif row[0] != STORE_FORMAT:
+                    raise StorageError(f"{self.root} has format {row[0]!r}, expected "
+                                       f"{STORE_FORMAT!r}", reason="store_format",
+                                       hint="Use a Viano version that reads this format.")
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+    @property
+    def writer(self) -> sqlite3.Connection:
+        if self._writer is None:
+            self._writer = self._connect()
+        return self._writer
+
+    @property
+    def reader(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._connect()
+            self._local.conn = conn
+        return conn
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    # -- writing ---------------------------------------------------------------------
+
+    def commit_batch(self, requests: Sequence[Request]) -> list[Outcome]:
+        """Commit every valid request of the batch in one transaction.
+
+        Returns one outcome per request, in order: its durable acknowledgement, or the
+        reason it was refused (stale parent, existing case, changed input). A refused
+        request writes nothing; the others are unaffected. Large blobs are written and
+        fsynced before the transaction starts.
+        """
+        outcomes: list[Outcome | None] = [None] * len(requests)
+        for i, req in enumerate(requests):
+            try:
+                self._write_large_blobs(req)
+            except VianoError as exc:
+                outcomes[i] = exc
+        conn = self.writer
+        with _translate("commit a batch"):
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                plan = _BatchPlan(self, conn, requests, outcomes)
+                plan.run()
+                crash_point("txn.before_commit")
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        self.transactions += 1
+        crash_point("txn.after_commit")
+        for key, manifest in plan.new_manifests:
+            self._cache_manifest(key, manifest)
+        return [o if o is not None else StorageError("request produced no outcome")
+                for o in outcomes]
+
+    def _write_large_blobs(self, req: Request) -> None:
+        sources: Iterable[BlobSource] = (
+            req.change.files.values() if isinstance(req, PublishRequest) else req.blobs.values())
+        for source in sources:
+            if source.size > self.inline_threshold:
+                with _translate("write a blob file"):
+                    self.blob_files.write(source)
+
+    def _cache_manifest(self, key: tuple[str, int], manifest: dict[str, Any]) -> None:
+        self._manifest_cache[key] = manifest
+        self._manifest_cache.move_to_end(key)
+        while len(self._manifest_cache) > 4096:
+            self._manifest_cache.popitem(last=False)
+
+    def cached_manifest(self, conn: sqlite3.Connection, package_id: str,
+                        generation: int) -> dict[str, Any]:
+        key = (package_id, generation)
+        cached = self._manifest_cache.get(key)
+        if cached is not None:
+            return cached
+        row = conn.execute("SELECT manifest FROM generations WHERE package_id=? AND generation=?",
+                           key).fetchone()
+        if row is None:
+            raise StorageError(f"generation {generation} of package {package_id} is missing")
+        manifest: dict[str, Any] = json.loads(row[0])
+        self._cache_manifest(key, manifest)
+        return manifest
+
+    # -- reading ---------------------------------------------------------------------
+
+    def list_cases(self) -> list[CaseRef]:
+        with _translate("list cases"):
+            rows = self.reader.execute(
+                "SELECT case_id, package_id, generation, phase, analysis_revision, updated_at "
+                "FROM refs ORDER BY case_id").fetchall()
+        return [CaseRef(*r) for r in rows]
+
+    def case(self, case_id: str) -> CaseRef:
+        with _translate("read a case"):
+            row = self.reader.execute(
+                "SELECT case_id, package_id, generation, phase, analysis_revision, updated_at "
+                "FROM refs WHERE case_id=?", (case_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no case {case_id!r} in {self.root}", reason="unknown_case")
+        return CaseRef(*row)
+
+    def generations(self, package_id: str) -> list[GenerationRow]:
+        with _translate("read generations"):
+            rows = self.reader.execute(
+                "SELECT package_id, generation, parent, manifest_sha256, manifest, phase, "
+                "created_at FROM generations WHERE package_id=? ORDER BY generation",
+                (package_id,)).fetchall()
+        return [GenerationRow(*r) for r in rows]
+
+    def all_package_ids(self) -> list[str]:
+        with _translate("list packages"):
+            rows = self.reader.execute(
+                "SELECT DISTINCT package_id FROM generations ORDER BY package_id").fetchall()
+        return [r[0] for r in rows]
+
+    def manifest_bytes(self, package_id: str, generation: int) -> bytes:
+        with _translate("read a manifest"):
+            row = self.reader.execute(
+                "SELECT manifest FROM generations WHERE package_id=? AND generation=?",
+                (package_id, generation)).fetchone()
+        if row is None:
+            raise NotFound(f"package {package_id} has no generation {generation}",
+                           reason="unknown_generation",
+                           hint="Run 'viano log CASE' to list its generations.")
+        return bytes(row[0])
+
+    def manifest(self, case_id: str, generation: int | None = None) -> dict[str, Any]:
+        ref = self.case(case_id)
+        result: dict[str, Any] = json.loads(
+            self.manifest_bytes(ref.package_id, generation or ref.generation))
+        return result
+
+    def blob_row(self, sha256: str) -> tuple[int, bytes | None] | None:
+        with _translate("read a blob"):
+            row = self.reader.execute("SELECT size, data FROM blobs WHERE sha256=?",
+                                      (sha256,)).fetchone()
+        return None if row is None else (row[0], None if row[1] is None else bytes(row[1]))
+
+    def read_blob(self, sha256: str) -> bytes:
+        row = self.blob_row(sha256)
+        if row is None:
+            raise StorageError(f"blob {sha256} is not in the store")
+        if row[1] is not None:
+            return row[1]
+        return self.blob_files.open(sha256).read_bytes()
+
+    def blob_path(self, sha256: str) -> Path | None:
+        """The file holding a large blob, or ``None`` if it is stored inline."""
+        row = self.blob_row(sha256)
+        if row is None:
+            raise StorageError(f"blob {sha256} is not in the store")
+        return self.blob_files.open(sha256) if row[1] is None else None
+
+    def iter_blob_hashes(self) -> Iterator[tuple[str, int, bool]]:
+        """Every blob row: (sha256, size, stored inline)."""
+        with _translate("list blobs"):
+            rows = self.reader.execute(
+                "SELECT sha256, size, data IS NOT NULL FROM blobs ORDER BY sha256").fetchall()
+        for sha, size, inline in rows:
+            yield sha, size, bool(inline)
+
+    def referenced_hashes(self, conn: sqlite3.Connection | None = None) -> set[str]:
+        conn = conn or self.reader
+        refs: set[str] = set()
+        for (raw,) in conn.execute("SELECT manifest FROM generations"):
+            refs.update(e["sha256"] for e in json.loads(raw)["files"].values())
+        return refs
+
+
+class _BatchPlan:
+    """Decides, inside the write transaction, which requests of a batch commit."""
+
+    def __init__(self, store: SqliteStore, conn: sqlite3.Connection,
+                 requests: Sequence[Request], outcomes: list[Outcome | None]):
+        self.store, self.conn, self.requests, self.outcomes = store, conn, requests, outcomes
+        self.blob_rows: dict[str, tuple[str, int, bytes | None]] = {}
+        self.gen_rows: list[tuple[Any, ...]] = []
+        self.ref_rows: list[tuple[Any, ...]] = []
+        self.new_manifests: list[tuple[tuple[str, int], dict[str, Any]]] = []
+        self.heads: dict[str, tuple[str, int]] = {}    # package_id -> (case_id, generation)
+        self.case_owner: dict[str, str] = {}           # case_id -> package_id
+
+    def run(self) -> None:
+        self._load_heads()
+        now = utc_now_iso()
+        for i, req in enumerate(self.requests):
+            if self.outcomes[i] is not None:
+                continue
+            try:
+                if isinstance(req, PublishRequest):
+                    self.outcomes[i] = self._publish(req, now)
+                else:
+                    self.outcomes[i] = self._import(req, now)
+            except VianoError as exc:
+                self.outcomes[i] = exc
+        c = self.conn
+        c.executemany("INSERT OR IGNORE INTO blobs (sha256, size, data) VALUES (?, ?, ?)",
+                      list(self.blob_rows.values()))
+        c.executemany("INSERT INTO generations (package_id, generation, parent, manifest_sha256, "
+                      "manifest, phase, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)", self.gen_rows)
+        c.executemany("INSERT INTO refs (package_id, case_id, generation, phase, analysis_revision,"
+                      " updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (package_id) DO UPDATE "
+                      "SET generation=excluded.generation, phase=excluded.phase, "
+                      "analysis_revision=excluded.analysis_revision, "
+                      "updated_at=excluded.updated_at", self.ref_rows)
+
+    def _load_heads(self) -> None:
+        pkgs = sorted({r.package_id for r in self.requests})
+        cases = sorted({r.case_id for r in self.requests})
+        for chunk in _chunks(pkgs, 500):
+            marks = ",".join("?" * len(chunk))
+            for pkg, case, gen in self.conn.execute(
+                    f"SELECT package_id, case_id, generation FROM refs WHERE package_id IN ({marks})",
+                    chunk):
+                self.heads[pkg] = (case, gen)
+        for chunk in _chunks(cases, 500):
+            marks = ",".join("?" * len(chunk))
+            for case, pkg in self.conn.execute(
+                    f"SELECT case_id, package_id FROM refs WHERE case_id IN ({marks})", chunk):
+                self.case_owner[case] = pkg
+
+    def _check_identity(self, package_id: str, case_id: str) -> tuple[str, int] | None:
+        head = self.heads.get(package_id)
+        owner = self.case_owner.get(case_id)
+        if head is None and owner is not None:
+            raise CaseExists(f"case {case_id!r} already exists (package {owner})")
+        if head is not None and head[0] != case_id:
+            raise StaleGeneration(f"package {package_id} belongs to case {head[0]!r}, "
+                                  f"not {case_id!r}")
+        return head
+
+    def _publish(self, req: PublishRequest, now: str) -> Published:
+        head = self._check_identity(req.package_id, req.case_id)
+        current = head[1] if head else None
+        if current != req.expected_generation:
+            raise StaleGeneration(
+                f"case {req.case_id!r}: expected generation {req.expected_generation}, "
+                f"the package is at {current}")
+        parent = (self.store.cached_manifest(self.conn, req.package_id, current)
+                  if current is not None else None)
+        manifest = build_manifest(parent, req, now)
+        for source in req.change.files.values():
+            if source.sha256 not in self.blob_rows:
+                inline = source.size <= self.store.inline_threshold
+                self.blob_rows[source.sha256] = (
+                    source.sha256, source.size, read_source(source) if inline else None)
+        return self._add_generation(req.package_id, req.case_id, manifest,
+                                    encode_manifest(manifest), now)
+
+    def _add_generation(self, package_id: str, case_id: str, manifest: dict[str, Any],
+                        raw: bytes, now: str) -> Published:
+        digest = sha256_hex(raw)
+        gen = manifest["package_generation"]
+        self.gen_rows.append((package_id, gen, manifest["parent_generation"], digest, raw,
+                              manifest["phase"], manifest["created_at"]))
+        self.ref_rows.append((package_id, case_id, gen, manifest["phase"],
+                              manifest["analysis_revision"], now))
+        self.heads[package_id] = (case_id, gen)
+        self.case_owner[case_id] = package_id
+        self.new_manifests.append(((package_id, gen), manifest))
+        return Published(package_id, case_id, gen, digest, manifest)
+
+    def _import(self, req: ImportRequest, now: str) -> Published:
+        head = self._check_identity(req.package_id, req.case_id)
+        have = head[1] if head else 0
+        if have > len(req.manifests):
+            raise StaleGeneration(f"the store already has {have} generations of case "
+                                  f"{req.case_id!r}, the export only {len(req.manifests)}")
+        for gen in range(1, have + 1):
+            ours = self.conn.execute(
+                "SELECT manifest_sha256 FROM generations WHERE package_id=? AND generation=?",
+                (req.package_id, gen)).fetchone()
+            if ours is None or ours[0] != sha256_hex(req.manifests[gen - 1]):
+                raise StaleGeneration(f"case {req.case_id!r} has a different history in this "
+                                      f"store from generation {gen} on; nothing imported")
+        missing = {e["sha256"] for raw in req.manifests[have:]
+                   for e in json.loads(raw)["files"].values()} - set(req.blobs)
+        if missing:
+            raise ImportRejected(f"the export lacks {len(missing)} blob(s) its manifests name")
+        last: Published | None = None
+        for raw in req.manifests[have:]:
+            manifest = json.loads(raw)
+            for entry in manifest["files"].values():
+                sha = entry["sha256"]
+                if sha not in self.blob_rows:
+                    source = req.blobs[sha]
+                    inline = source.size <= self.store.inline_threshold
+                    self.blob_rows[sha] = (sha, source.size,
+                                           read_source(source) if inline else None)
+            last = self._add_generation(req.package_id, req.case_id, manifest, raw, now)
+        if last is None:  # identical history: nothing to add
+            raw = req.manifests[-1]
+            return Published(req.package_id, req.case_id, len(req.manifests), sha256_hex(raw),
+                             json.loads(raw))
+        return last
+
+
+def _chunks(items: Sequence[str], n: int) -> Iterator[Sequence[str]]:
+    for i in range(0, len(items), n):
+        yield items[i:i + n]
+
+
+class _translate:
+    """Translate sqlite3/OS errors at the storage boundary."""
+
+    def __init__(self, doing: str):
+        self.doing = doing
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> bool:
+        if exc is not None and isinstance(exc, (sqlite3.Error, OSError)) \
+                and not isinstance(exc, VianoError):
+            raise StorageError(f"could not {self.doing}: {exc}",
+                               reason="store_unavailable",
+                               hint="Check that the store path is writable and the disk "
+                                    "is not full, then run the command again.") from exc
+        return False

@@ -1,0 +1,58 @@
+"""The strict cattrs converter used at every edge where untrusted or user data enters.
+
+cattrs coerces silently by default (``"42"`` → 42, ``3.9`` → 3, ``"false"`` → True). Here
+every scalar must already have its exact type (bool is not an int), extra keys are refused,
+and errors are flattened into ``"<message> @ <dotted.path>"`` lines that name the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+import cattrs
+from cattrs.v import format_exception
+
+T = TypeVar("T")
+
+
+def _exact(expected: type) -> Callable[[Any, Any], Any]:
+    def hook(value: Any, _type: Any) -> Any:
+        ok = type(value) is expected or (expected is float and type(value) is int)
+        if not ok:
+            raise TypeError(f"expected {expected.__name__}, got {type(value).__name__}")
+        return float(value) if expected is float else value
+
+    return hook
+
+
+def make_strict_converter() -> cattrs.Converter:
+    converter = cattrs.Converter(forbid_extra_keys=True)
+    for scalar in (int, float, str, bool):
+        converter.register_structure_hook(scalar, _exact(scalar))
+    return converter
+
+
+def _format(exc: BaseException, type_: Any) -> str:
+    if get_origin(type_) is Literal:
+        allowed = ", ".join(repr(a) for a in get_args(type_))
+        return f"must be one of {allowed}"
+    if isinstance(exc, (TypeError, ValueError)) and str(exc) and not isinstance(exc, KeyError):
+        text = str(exc)
+        if not text.startswith(("unknown error", "invalid value")):
+            return text
+    return format_exception(exc, type_)
+
+
+def structure_errors(exc: BaseException) -> list[str]:
+    """Flatten a cattrs error into ``"message @ dotted.path"`` lines."""
+    lines = cattrs.transform_error(exc, path="$", format_exception=_format)
+    out = []
+    for line in lines:
+        message, _, path = line.rpartition(" @ ")
+        path = path.removeprefix("$").lstrip(".") or "(top level)"
+        out.append(f"{path}: {message}")
+    return out
+
+
+STRICT = make_strict_converter()

@@ -158,7 +158,7 @@ class Config:
 
     @classmethod
     def resolve(cls, explicit: str | None) -> Config:
-        """``--config`` / ``VIANO_CONFIG`` if given, else the local file if present, else defaults."""
+        """``--config`` or ``VIANO_CONFIG``, else the local file if present, else defaults."""
         chosen = explicit or os.environ.get("VIANO_CONFIG")
         if chosen:
             return cls.load(chosen)

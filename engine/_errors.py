@@ -61,7 +61,8 @@ class RejectedInput(VianoError):
 
 class ConfigError(RejectedInput):
     default_reason = "config_invalid"
-    default_hint = "Edit the configuration file named in the message; see config/analysis.example.toml."
+    default_hint = ("Edit the configuration file named in the message; "
+                    "see config/analysis.example.toml.")
 
 
 class InvalidCaseId(RejectedInput):

@@ -73,7 +73,8 @@ class _Scan:
         self.seen: set[str] = set()
         self.archive_size = path.stat().st_size
 
-    def refuse(self, member: str | None, what: str, reason: str = "limit_exceeded") -> ArchiveRejected:
+    def refuse(self, member: str | None, what: str,
+               reason: str = "limit_exceeded") -> ArchiveRejected:
         where = f"{self.label}: member {member!r}" if member is not None else self.label
         return ArchiveRejected(f"{where}: {what}", reason=reason)
 

@@ -3,12 +3,12 @@
 from ._blobs import BlobFiles as BlobFiles
 from ._crash import CRASH_POINTS as CRASH_POINTS
 from ._crash import SimulatedCrash as SimulatedCrash
-from ._crash import arm as arm_crash_point
-from ._crash import disarm as disarm_crash_points
+from ._crash import arm_crash_point as arm_crash_point
+from ._crash import disarm_crash_points as disarm_crash_points
 from ._gc import GcReport as GcReport
 from ._gc import collect_garbage as collect_garbage
 from ._lock import case_lock as case_lock
-from ._manifest import FORMAT as PACKAGE_FORMAT
+from ._manifest import PACKAGE_FORMAT as PACKAGE_FORMAT
 from ._manifest import Change as Change
 from ._manifest import Published as Published
 from ._manifest import PublishRequest as PublishRequest
@@ -25,6 +25,6 @@ from ._sqlite import ImportRequest as ImportRequest
 from ._sqlite import Outcome as Outcome
 from ._sqlite import Request as Request
 from ._sqlite import SqliteStore as SqliteStore
-from ._verify import Violation as Violation
 from ._verify import VerifyReport as VerifyReport
+from ._verify import Violation as Violation
 from ._verify import verify_store as verify_store

@@ -1,6 +1,6 @@
 """Named crash points at every durable step, for crash-injection tests and benchmarks.
 
-A point is armed either programmatically (``arm("txn.before_commit")``: the step raises
+A point is armed either programmatically (``arm_crash_point("txn.before_commit")``: the step raises
 :class:`SimulatedCrash`, a ``BaseException`` that no ordinary handler swallows) or from the
 environment of a child process (``VIANO_CRASH_AT=blob.fsync`` or ``blob.fsync:3`` for the
 third hit), in which case the process dies on the spot with ``os._exit(137)``: no cleanup,
@@ -42,7 +42,7 @@ def _from_env() -> tuple[str, int] | None:
     return name, int(nth or "1")
 
 
-def arm(point: str, nth: int = 1) -> None:
+def arm_crash_point(point: str, nth: int = 1) -> None:
     """Make the ``nth`` next hit of ``point`` raise :class:`SimulatedCrash`."""
     if point not in CRASH_POINTS:
         raise ValueError(f"unknown crash point {point!r}; known: {', '.join(CRASH_POINTS)}")
@@ -51,7 +51,7 @@ def arm(point: str, nth: int = 1) -> None:
         _hits[point] = 0
 
 
-def disarm() -> None:
+def disarm_crash_points() -> None:
     with _lock:
         _armed.clear()
         _hits.clear()

@@ -19,7 +19,7 @@ from .._errors import ChangeRejected
 from .._ids import validate_case_id
 from ._sources import BlobSource
 
-FORMAT = "viano-case-package/1"
+PACKAGE_FORMAT = "viano-case-package/1"
 _PHASE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
 _POINTER = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
@@ -102,7 +102,7 @@ def build_manifest(parent: Mapping[str, Any] | None, request: PublishRequest,
     generation = (parent["package_generation"] + 1) if parent else 1
     revision = change.analysis_revision or (parent["analysis_revision"] if parent else 1)
     return {
-        "format": FORMAT,
+        "format": PACKAGE_FORMAT,
         "package_id": request.package_id,
         "case_id": request.case_id,
         "package_generation": generation,

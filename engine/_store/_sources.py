@@ -72,7 +72,7 @@ class ZipMemberSource:
     def open(self) -> BinaryIO:
         zf = zipfile.ZipFile(self.archive)
         try:
-            return _ClosingMember(zf, zf.open(self.member))  # type: ignore[return-value]
+            return _ClosingMember(zf, zf.open(self.member))  # type: ignore[return-value,arg-type]
         except BaseException:
             zf.close()
             raise

@@ -17,6 +17,7 @@ import sqlite3
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -370,8 +371,8 @@ class _BatchPlan:
         for chunk in _chunks(pkgs, 500):
             marks = ",".join("?" * len(chunk))
             for pkg, case, gen in self.conn.execute(
-                    f"SELECT package_id, case_id, generation FROM refs WHERE package_id IN ({marks})",
-                    chunk):
+                    "SELECT package_id, case_id, generation FROM refs "
+                    f"WHERE package_id IN ({marks})", chunk):
                 self.heads[pkg] = (case, gen)
         for chunk in _chunks(cases, 500):
             marks = ",".join("?" * len(chunk))
@@ -460,21 +461,14 @@ def _chunks(items: Sequence[str], n: int) -> Iterator[Sequence[str]]:
         yield items[i:i + n]
 
 
-class _translate:
+@contextmanager
+def _translate(doing: str) -> Iterator[None]:
     """Translate sqlite3/OS errors at the storage boundary."""
-
-    def __init__(self, doing: str):
-        self.doing = doing
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None,
-                 tb: object) -> bool:
-        if exc is not None and isinstance(exc, (sqlite3.Error, OSError)) \
-                and not isinstance(exc, VianoError):
-            raise StorageError(f"could not {self.doing}: {exc}",
-                               reason="store_unavailable",
-                               hint="Check that the store path is writable and the disk "
-                                    "is not full, then run the command again.") from exc
-        return False
+    try:
+        yield
+    except VianoError:
+        raise
+    except (sqlite3.Error, OSError) as exc:
+        raise StorageError(f"could not {doing}: {exc}", reason="store_unavailable",
+                           hint="Check that the store path is writable and the disk is not "
+                                "full, then run the command again.") from exc

@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from ._manifest import FORMAT
+from ._manifest import PACKAGE_FORMAT
 from ._sources import CHUNK
 from ._sqlite import SqliteStore
 
@@ -105,7 +105,7 @@ def _check_chain(store: SqliteStore, pkg: str, case_id: str, rows: list[Any], re
         except ValueError:
             bad(f"generation {g}: manifest is not JSON")
             continue
-        expect = {"format": FORMAT, "package_id": pkg, "package_generation": g,
+        expect = {"format": PACKAGE_FORMAT, "package_id": pkg, "package_generation": g,
                   "parent_generation": row.parent, "phase": row.phase,
                   "created_at": row.created_at}
         if ref is not None:

@@ -1,0 +1,87 @@
+"""The ``viano`` argument parser. Global options are accepted before or after the command:
+each subparser repeats them with ``SUPPRESS`` defaults so a value given after the command
+wins and one given before it is not overwritten."""
+
+from __future__ import annotations
+
+import argparse
+
+from engine import ROLES
+
+DESCRIPTION = ("Viano analyses bug cases: intake stores the originals and a canonical source "
+               "catalogue in a durable, versioned case package.")
+
+EXIT_CODES = ("exit codes: 0 success, 2 usage error or rejected input (nothing written), "
+              "11 DEFERRED (case locked), 1 violations found (verify) or internal failure")
+
+
+def _globals(with_defaults: bool) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("global options")
+
+    def default(value: object) -> object:
+        return value if with_defaults else argparse.SUPPRESS
+
+    g.add_argument("--store", metavar="PATH", default=default(None),
+                   help="the case store (env VIANO_STORE; default ./viano-store)")
+    g.add_argument("--config", metavar="PATH", default=default(None),
+                   help="configuration file (env VIANO_CONFIG; default "
+                        "config/analysis.local.toml if it exists, else built-in defaults)")
+    g.add_argument("--json", action="store_true", default=default(False),
+                   help="print one JSON document on stdout and nothing else")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="viano", description=DESCRIPTION, epilog=EXIT_CODES,
+                                     parents=[_globals(True)])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    common = [_globals(False)]
+
+    def add(name: str, help_: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_, description=help_, parents=common,
+                              epilog=EXIT_CODES)
+
+    p = add("intake", "create a case package from a human report and attachments")
+    p.add_argument("--report", required=True, metavar="FILE",
+                   help="JSON report {title, body, comments?, observations?} or UTF-8 text")
+    p.add_argument("--attach", action="append", default=[], metavar="[ROLE=]FILE",
+                   help=f"an attachment; ROLE is one of {', '.join(ROLES)} (default "
+                        "attachment). Archives in the diagnostics and source roles are "
+                        "catalogued member by member. Repeatable; order is kept")
+    p.add_argument("--case-id", metavar="ID", help="case id (default: the report's "
+                   "case_id, else derived from the report's hash)")
+
+    p = add("status", "list cases: phase, status, revision, generation, due time")
+    p.add_argument("cases", nargs="*", metavar="CASE")
+
+    p = add("show", "print the manifest of the current (or given) generation")
+    p.add_argument("case", metavar="CASE")
+    p.add_argument("--generation", type=int, metavar="N")
+
+    p = add("cat", "print the exact bytes of one logical file")
+    p.add_argument("case", metavar="CASE")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("--generation", type=int, metavar="N")
+
+    p = add("log", "the generation history: number, phase, time, what changed")
+    p.add_argument("case", metavar="CASE")
+
+    p = add("verify", "recompute every hash and check every invariant; exit 1 on violations")
+    p.add_argument("cases", nargs="*", metavar="CASE")
+
+    p = add("export", "write a portable package with its whole history to a zip file")
+    p.add_argument("case", metavar="CASE")
+    p.add_argument("file", metavar="FILE.zip")
+
+    p = add("import", "import a package exported by 'viano export'")
+    p.add_argument("file", metavar="FILE.zip")
+
+    p = add("gc", "remove blob files no generation references (left only by crashes)")
+    p.add_argument("--min-age", type=float, default=600.0, metavar="SECONDS",
+                   help="keep unreferenced files younger than this (default 600): another "
+                        "process may be about to commit them")
+
+    add("demo", "run the bundled sample case BUG-20 in a temporary store and print "
+                "its catalogue")
+    return parser

@@ -18,7 +18,10 @@ EXIT_USAGE = 2
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2), already printed
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     out = Output(as_json=args.json)
     try:
         config = Config.resolve(args.config)

@@ -1,0 +1,105 @@
+"""Builders of well-formed and malicious archives for intake and import tests."""
+
+from __future__ import annotations
+
+import io
+import stat
+import tarfile
+import zipfile
+from pathlib import Path
+
+STAMP = (2026, 1, 1, 0, 0, 0)
+
+
+def zip_with(path: Path, members: list[tuple[str, bytes]], *, mode: int | None = None,
+             compression: int = zipfile.ZIP_DEFLATED) -> Path:
+    with zipfile.ZipFile(path, "w", compression=compression) as zf:
+        for name, data in members:
+            info = zipfile.ZipInfo(name, date_time=STAMP)
+            info.compress_type = compression
+            if mode is not None:
+                info.external_attr = mode << 16
+            zf.writestr(info, data)
+    return path
+
+
+def zip_symlink(path: Path, name: str, target: str) -> Path:
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("ok.txt", b"fine")
+        info = zipfile.ZipInfo(name, date_time=STAMP)
+        info.external_attr = (stat.S_IFLNK | 0o777) << 16
+        zf.writestr(info, target.encode())
+    return path
+
+
+def zip_special(path: Path, name: str, ftype: int) -> Path:
+    with zipfile.ZipFile(path, "w") as zf:
+        info = zipfile.ZipInfo(name, date_time=STAMP)
+        info.external_attr = (ftype | 0o644) << 16
+        zf.writestr(info, b"")
+    return path
+
+
+def zip_duplicate(path: Path, name: str) -> Path:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns about the duplicate we want
+        with zipfile.ZipFile(path, "w") as zf:
+            zf.writestr(name, b"one")
+            zf.writestr(name, b"two")
+    return path
+
+
+def zip_encrypted_flag(path: Path) -> Path:
+    """A member whose general-purpose flag says 'encrypted' (zipfile cannot write real
+    encryption; readers must refuse on the flag alone)."""
+    zip_with(path, [("secret.log", b"x" * 100)], compression=zipfile.ZIP_STORED)
+    raw = bytearray(path.read_bytes())
+    # Set bit 0 of the flag in the local header (offset 6) and the central header (offset 8).
+    raw[6] |= 1
+    central = raw.rfind(b"PK\x01\x02")
+    raw[central + 8] |= 1
+    path.write_bytes(bytes(raw))
+    return path
+
+
+def zip_lying_size(path: Path) -> Path:
+    """The central directory declares a smaller size than the member really inflates to."""
+    zip_with(path, [("big.log", b"A" * 5000)], compression=zipfile.ZIP_DEFLATED)
+    raw = bytearray(path.read_bytes())
+    central = raw.rfind(b"PK\x01\x02")
+    raw[central + 24:central + 28] = (100).to_bytes(4, "little")
+    local = 0
+    raw[local + 22:local + 26] = (100).to_bytes(4, "little")
+    path.write_bytes(bytes(raw))
+    return path
+
+
+def zip_bad_crc(path: Path) -> Path:
+    zip_with(path, [("data.log", b"hello world " * 50)], compression=zipfile.ZIP_STORED)
+    raw = bytearray(path.read_bytes())
+    offset = raw.find(b"hello world")
+    raw[offset] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    return path
+
+
+def tar_with(path: Path, members: list[tarfile.TarInfo | tuple[str, bytes]],
+             mode: str = "w:gz") -> Path:
+    with tarfile.open(path, mode) as tf:  # type: ignore[call-overload]
+        for m in members:
+            if isinstance(m, tarfile.TarInfo):
+                tf.addfile(m)
+            else:
+                info = tarfile.TarInfo(m[0])
+                info.size = len(m[1])
+                tf.addfile(info, io.BytesIO(m[1]))
+    return path
+
+
+def tar_link(name: str, target: str, kind: bytes = tarfile.SYMTYPE) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = target
+    return info

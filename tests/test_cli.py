@@ -1,0 +1,114 @@
+"""The command line as users and scripts see it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PYTHON, Cli, child_env
+from viano_bug_analysis.cli._commands import COMMANDS
+
+
+class TestHelp:
+    @pytest.mark.parametrize("command", [None, *sorted(COMMANDS)])
+    def test_every_command_has_help(self, cli: Cli, command: str | None) -> None:
+        """`--help` works on the program and on every command, and exits 0."""
+        r = cli(*([command] if command else []), "--help")
+        assert r.code == 0
+        assert "usage: viano" in r.out and "--store" in r.out
+
+
+class TestGlobalOptions:
+    def test_before_or_after_the_command(self, cli: Cli, sample: Path, tmp_path: Path) -> None:
+        """`viano --store S status` and `viano status --store S` are the same."""
+        store = tmp_path / "s"
+        assert cli("intake", "--report", sample / "report.json", "--store", store).code == 0
+        before = cli("--store", store, "--json", "status")
+        after = cli("status", "--store", store, "--json")
+        assert before.code == after.code == 0
+        assert before.json == after.json
+        assert [c["case_id"] for c in before.json] == ["BUG-20"]  # type: ignore[union-attr]
+
+    def test_env_store(self, cli: Cli, sample: Path, tmp_path: Path,
+                       monkeypatch: pytest.MonkeyPatch) -> None:
+        """VIANO_STORE selects the store when --store is absent."""
+        monkeypatch.setenv("VIANO_STORE", str(tmp_path / "env-store"))
+        assert cli("intake", "--report", sample / "report.json").code == 0
+        assert (tmp_path / "env-store" / "store.sqlite3").is_file()
+
+    def test_bad_config_refused_naming_key_and_file(self, cli: Cli, tmp_path: Path,
+                                                    sample: Path) -> None:
+        """A bad configuration stops every command with exit 2, naming key and file."""
+        cfg = tmp_path / "bad.toml"
+        cfg.write_text("[hypotheses]\nmin_hypotheses = 0\n")
+        r = cli("status", "--config", cfg)
+        assert r.code == 2
+        assert "min_hypotheses" in r.err and str(cfg) in r.err and "config_invalid" in r.err
+
+
+class TestJsonOutput:
+    def test_one_document_on_stdout(self, cli: Cli, sample: Path, store_dir: Path) -> None:
+        """With --json, stdout is exactly one JSON document for every read command."""
+        cli("intake", "--store", store_dir, "--report", sample / "report.json")
+        for args in (["status"], ["show", "BUG-20"], ["log", "BUG-20"], ["verify"],
+                     ["cat", "BUG-20", "case/catalogue.json"]):
+            r = cli(*args, "--store", store_dir, "--json")
+            assert r.code == 0, (args, r.err)
+            json.loads(r.out)
+
+    def test_errors_are_json_too(self, cli: Cli, store_dir: Path) -> None:
+        """An error with --json is a JSON document with reason and hint."""
+        r = cli("show", "NOPE", "--store", store_dir, "--json")
+        assert r.code == 2
+        err = r.json["error"]  # type: ignore[index]
+        assert err["reason"] == "no_store" and err["hint"]
+
+
+class TestReadCommands:
+    def test_show_log_and_status(self, cli: Cli, sample: Path, store_dir: Path) -> None:
+        """show prints the contracted manifest, log the history, status the index."""
+        cli("intake", "--store", store_dir, "--report", sample / "report.json",
+            "--attach", f"diagnostics={sample / 'wowdiag.zip'}")
+        manifest = cli("show", "BUG-20", "--store", store_dir, "--json").json
+        assert isinstance(manifest, dict)
+        assert manifest["format"] == "viano-case-package/1"
+        assert manifest["package_generation"] == 1 and manifest["parent_generation"] is None
+        assert manifest["pointers"]["catalogue"] == "case/catalogue.json"
+        assert set(manifest["files"]) == {"inputs/report.json", "inputs/wowdiag.zip",
+                                          "case/catalogue.json", "case/intake.json"}
+        log = cli("log", "BUG-20", "--store", store_dir, "--json").json
+        assert isinstance(log, dict)
+        assert log["generations"][0]["added"] == sorted(manifest["files"])
+        status = cli("status", "--store", store_dir, "--json").json
+        assert isinstance(status, list)
+        assert status[0]["phase"] == "INTAKE" and status[0]["package_generation"] == 1
+
+    def test_unknown_case_path_and_generation(self, cli: Cli, sample: Path,
+                                              store_dir: Path) -> None:
+        """Unknown names are refused with their own reason codes."""
+        cli("intake", "--store", store_dir, "--report", sample / "report.json")
+        assert "unknown_case" in cli("show", "X", "--store", store_dir).err
+        assert "unknown_path" in cli("cat", "BUG-20", "nope", "--store", store_dir).err
+        assert "unknown_generation" in cli("show", "BUG-20", "--generation", "9",
+                                           "--store", store_dir).err
+
+    def test_status_on_missing_store_is_empty(self, cli: Cli, tmp_path: Path) -> None:
+        """status on a store that does not exist yet lists nothing and creates nothing."""
+        r = cli("status", "--store", tmp_path / "none", "--json")
+        assert r.code == 0 and r.json == []
+        assert not (tmp_path / "none").exists()
+
+
+class TestConsoleScript:
+    def test_demo_through_the_installed_entry_point(self, tmp_path: Path) -> None:
+        """`python -m`-free: the console script runs the bundled demo end to end."""
+        proc = subprocess.run([PYTHON, "-c", "from viano_bug_analysis.cli import run; run()",
+                               "demo", "--json"], capture_output=True, text=True,
+                              env=child_env(), cwd=tmp_path, timeout=120, check=False)
+        assert proc.returncode == 0, proc.stderr
+        doc = json.loads(proc.stdout)
+        assert doc["case_id"] == "BUG-20" and doc["verify"]["ok"] is True
+        assert len(doc["catalogue"]["sources"]) == 13

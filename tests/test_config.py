@@ -1,0 +1,72 @@
+"""Strict configuration loading."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine import Config, ConfigError
+from tests.conftest import REPO
+
+
+def _load(tmp_path: Path, text: str) -> Config:
+    p = tmp_path / "c.toml"
+    p.write_text(text)
+    return Config.load(p)
+
+
+class TestExample:
+    def test_example_file_loads_with_contract_defaults(self) -> None:
+        """config/analysis.example.toml loads and carries the contracted defaults."""
+        c = Config.load(REPO / "config" / "analysis.example.toml")
+        assert (c.hypotheses.min_hypotheses, c.hypotheses.max_hypotheses,
+                c.hypotheses.initial_budget) == (3, 5, 100)
+        assert c.retry.max_rounds == 10 and c.intake.limits.max_compression_ratio == 200
+        assert [p.kind for p in c.providers] == ["openai", "anthropic"]
+
+    def test_empty_file_is_defaults(self, tmp_path: Path) -> None:
+        """An empty file means built-in defaults."""
+        assert _load(tmp_path, "") == Config.defaults()
+
+
+BAD = {
+    "unknown key": ("[hypotheses]\nmin_hypothesis = 3\n", "min_hypothesis"),
+    "unknown table": ("[hypothesis]\nmin_hypotheses = 3\n", "hypothesis"),
+    "string for int": ('[hypotheses]\nmin_hypotheses = "3"\n', "hypotheses.min_hypotheses"),
+    "bool for int": ("[intake.limits]\nmax_members = true\n", "intake.limits.max_members"),
+    "float for int": ("[hypotheses]\ninitial_budget = 9.5\n", "hypotheses.initial_budget"),
+    "zero count": ("[hypotheses]\nmax_hypotheses = 0\n", "max_hypotheses"),
+    "negative budget": ("[hypotheses]\ninitial_budget = -1\n", "initial_budget"),
+    "min above max": ("[hypotheses]\nmin_hypotheses = 6\n", "min_hypotheses (6) exceeds"),
+    "unknown provider kind": ('[[providers]]\nname = "a"\nkind = "ollama-x"\n', "kind"),
+    "api key in file": ('[[providers]]\nname = "a"\nkind = "fixture"\npath = "f"\n'
+                        'api_key = "sk-live-123"\n', "api_key"),
+    "string auto_confirm": ('[interpretation]\nauto_confirm = "false"\n', "auto_confirm"),
+    "duplicate provider": ('[[providers]]\nname = "a"\nkind = "fixture"\npath = "x"\n'
+                           '[[providers]]\nname = "a"\nkind = "fixture"\npath = "y"\n', "unique"),
+    "not toml": ("[hypotheses\n", "not valid TOML"),
+}
+
+
+class TestRefusals:
+    @pytest.mark.parametrize("label", sorted(BAD))
+    def test_refused_naming_key_and_file(self, tmp_path: Path, label: str) -> None:
+        """Bad configuration is refused with the key (or problem) and the file named."""
+        text, needle = BAD[label]
+        with pytest.raises(ConfigError) as info:
+            _load(tmp_path, text)
+        assert needle in info.value.message
+        assert str(tmp_path / "c.toml") in info.value.message
+        assert info.value.reason == "config_invalid"
+
+    def test_secret_value_never_echoed(self, tmp_path: Path) -> None:
+        """A key pasted into the file is refused without repeating its value."""
+        with pytest.raises(ConfigError) as info:
+            _load(tmp_path, BAD["api key in file"][0])
+        assert "sk-live-123" not in str(info.value)
+
+    def test_missing_file(self, tmp_path: Path) -> None:
+        """A named configuration file that does not exist is an error, not defaults."""
+        with pytest.raises(ConfigError, match="not found"):
+            Config.load(tmp_path / "absent.toml")

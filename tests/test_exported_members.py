@@ -1,0 +1,115 @@
+"""Pin the public faces: callers import from these, never from private modules."""
+
+from __future__ import annotations
+
+import actors
+import engine
+import viano_bug_analysis
+
+
+def _public(module: object) -> set[str]:
+    return {n for n in dir(module) if not n.startswith("_")}
+
+
+ENGINE_API = [
+    "ArchiveRejected",
+    "Attachment",
+    "BlobSource",
+    "BytesSource",
+    "CRASH_POINTS",
+    "CaseExists",
+    "CaseLocked",
+    "CaseRef",
+    "Change",
+    "ChangeRejected",
+    "Config",
+    "ConfigError",
+    "EXIT_DEFERRED",
+    "EXIT_INTERNAL",
+    "EXIT_OK",
+    "EXIT_REJECTED",
+    "ExportSummary",
+    "FileSource",
+    "GcReport",
+    "HypothesisLimits",
+    "HypothesisPolicy",
+    "INLINE_THRESHOLD",
+    "ImportRejected",
+    "ImportRequest",
+    "InputRejected",
+    "IntakeLimits",
+    "IntakePlan",
+    "InterpretationPolicy",
+    "InvalidCaseId",
+    "NotFound",
+    "Outcome",
+    "PACKAGE_FORMAT",
+    "ProviderConfig",
+    "PublishRequest",
+    "Published",
+    "ROLES",
+    "RejectedInput",
+    "ReportRejected",
+    "Request",
+    "RetryPolicy",
+    "SimulatedCrash",
+    "SqliteStore",
+    "StaleGeneration",
+    "StorageError",
+    "VerifyReport",
+    "VianoError",
+    "Violation",
+    "arm_crash_point",
+    "artifact_json",
+    "canonical_json",
+    "case_lock",
+    "collect_garbage",
+    "disarm_crash_points",
+    "export_package",
+    "new_package_id",
+    "prepare_intake",
+    "read_export",
+    "sha256_hex",
+    "validate_case_id",
+    "verify_store",
+]
+
+
+def test_engine_face() -> None:
+    """engine re-exports exactly its curated API (a change here is an API change)."""
+    assert sorted(_public(engine)) == ENGINE_API
+
+
+def test_actors_face() -> None:
+    """actors exposes the publisher and the store handle."""
+    assert _public(actors) == {
+        "PublisherStats",
+        "PublishMsg",
+        "StoreHandle",
+        "mailbox",
+        "open_store",
+        "run_publisher",
+    }
+
+
+def test_public_face() -> None:
+    """viano_bug_analysis is the embedding face."""
+    assert _public(viano_bug_analysis) >= {
+        "open_store",
+        "StoreHandle",
+        "Config",
+        "prepare_intake",
+        "verify_store",
+        "VianoError",
+    }
+
+
+def test_engine_never_imports_actors() -> None:
+    """The layering rule: engine/ does not import actors/ or trio."""
+    from pathlib import Path
+
+    root = Path(engine.__file__).parent
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        assert "import actors" not in text and "from actors" not in text, path
+        assert "import trio" not in text, path

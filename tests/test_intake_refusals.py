@@ -1,0 +1,188 @@
+"""Malicious or broken reports and archives: each is refused with its reason code, the
+CLI exits 2, and the store is byte-for-byte what it was (no package, no blob, no row)."""
+
+from __future__ import annotations
+
+import json
+import stat
+import tarfile
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests import archives as A
+from tests.conftest import Cli, snapshot
+
+LIMITS = """
+[intake.limits]
+max_members = 50
+max_member_bytes = 100000
+max_total_bytes = 200000
+max_compression_ratio = 50
+"""
+
+Builder = Callable[[Path], Path]
+
+
+def _report(tmp: Path) -> Path:
+    p = tmp / "report.json"
+    p.write_text(json.dumps({"title": "t", "body": "b"}))
+    return p
+
+
+ARCHIVES: dict[str, tuple[str, Builder]] = {
+    "absolute path": ("unsafe_archive_member",
+                      lambda p: A.zip_with(p, [("/etc/passwd", b"root")])),
+    "parent traversal": ("unsafe_archive_member",
+                         lambda p: A.zip_with(p, [("logs/../../evil.sh", b"x")])),
+    "drive letter": ("unsafe_archive_member",
+                     lambda p: A.zip_with(p, [("C:/Windows/evil.dll", b"x")])),
+    "backslash path": ("unsafe_archive_member",
+                       lambda p: A.zip_with(p, [("..\\..\\evil.bat", b"x")])),
+    "empty segment": ("unsafe_archive_member",
+                      lambda p: A.zip_with(p, [("logs//a.log", b"x")])),
+    "control character": ("unsafe_archive_member",
+                          lambda p: A.zip_with(p, [("log\x1b[31m.txt", b"x")])),
+    "symlink": ("unsafe_archive_member", lambda p: A.zip_symlink(p, "link", "/etc/shadow")),
+    "fifo": ("unsafe_archive_member", lambda p: A.zip_special(p, "pipe", stat.S_IFIFO)),
+    "char device": ("unsafe_archive_member",
+                    lambda p: A.zip_special(p, "dev/null", stat.S_IFCHR)),
+    "duplicate name": ("duplicate_archive_member", lambda p: A.zip_duplicate(p, "a.log")),
+    "duplicate after NFC": ("duplicate_archive_member", lambda p: A.zip_with(
+        p, [("caf\u00e9.log", b"1"), ("cafe\u0301.log", b"2")])),
+    "encrypted member": ("encrypted_archive_member", A.zip_encrypted_flag),
+    "too many members": ("limit_exceeded", lambda p: A.zip_with(
+        p, [(f"m{i}.txt", b"x") for i in range(51)])),
+    "member too large": ("limit_exceeded", lambda p: A.zip_with(
+        p, [("big.bin", bytes(range(256)) * 400)], compression=zipfile.ZIP_STORED)),
+    "total too large": ("limit_exceeded", lambda p: A.zip_with(
+        p, [(f"p{i}.bin", bytes(range(256)) * 300) for i in range(3)],
+        compression=zipfile.ZIP_STORED)),
+    "zip bomb ratio": ("limit_exceeded", lambda p: A.zip_with(p, [("zeros.log", b"\0" * 90000)])),
+    "size lies (bomb)": ("corrupt_archive", A.zip_lying_size),
+    "bad crc": ("corrupt_archive", A.zip_bad_crc),
+    "truncated zip": ("corrupt_archive", lambda p: _truncate(
+        A.zip_with(p, [("a.log", b"y" * 3000)]), 40)),
+    "tar symlink": ("unsafe_archive_member", lambda p: A.tar_with(
+        p, [("ok.txt", b"ok"), A.tar_link("evil", "/etc/passwd")])),
+    "tar hard link": ("unsafe_archive_member", lambda p: A.tar_with(
+        p, [("ok.txt", b"ok"), A.tar_link("hard", "ok.txt", tarfile.LNKTYPE)])),
+    "tar traversal": ("unsafe_archive_member", lambda p: A.tar_with(
+        p, [("../outside.txt", b"x")])),
+    "tar.gz bomb": ("limit_exceeded", lambda p: A.tar_with(p, [("zeros", b"\0" * 150000)])),
+    "corrupt gzip": ("corrupt_archive", lambda p: _truncate(
+        A.tar_with(p, [("a.txt", bytes(range(256)) * 40)]), 300)),
+}
+
+
+def _truncate(path: Path, keep: int) -> Path:
+    path.write_bytes(path.read_bytes()[:keep])
+    return path
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    p = tmp_path / "limits.toml"
+    p.write_text(LIMITS)
+    return p
+
+
+@pytest.fixture
+def existing_store(cli: Cli, sample: Path, store_dir: Path, config: Path) -> dict[str, bytes]:
+    """A store that already holds one case, so 'nothing written' is checked against rows."""
+    r = cli("intake", "--store", store_dir, "--report", sample / "report.json")
+    assert r.code == 0, r.err
+    return snapshot(store_dir)
+
+
+class TestArchiveRefusals:
+    @pytest.mark.parametrize("label", sorted(ARCHIVES))
+    def test_refused_with_reason_and_nothing_written(
+            self, label: str, cli: Cli, tmp_path: Path, store_dir: Path, config: Path,
+            existing_store: dict[str, bytes]) -> None:
+        """Each malicious archive is refused (exit 2) naming its reason; the store is unchanged."""
+        reason, build = ARCHIVES[label]
+        archive = build(tmp_path / "evil.bin")
+        r = cli("intake", "--json", "--store", store_dir, "--config", config,
+                "--report", _report(tmp_path), "--attach", f"diagnostics={archive}",
+                "--case-id", "EVIL-1")
+        assert r.code == 2, (label, r.out, r.err)
+        assert r.json["error"]["reason"] == reason, r.json  # type: ignore[index]
+        assert str(archive) in r.json["error"]["message"]  # type: ignore[index]
+        assert snapshot(store_dir) == existing_store
+
+    def test_refusal_on_a_new_store_creates_no_store(self, cli: Cli, tmp_path: Path,
+                                                     config: Path) -> None:
+        """A refused first intake does not even create the store directory."""
+        archive = A.zip_symlink(tmp_path / "d.zip", "x", "/etc")
+        store = tmp_path / "fresh"
+        r = cli("intake", "--store", store, "--config", config, "--report", _report(tmp_path),
+                "--attach", f"diagnostics={archive}")
+        assert r.code == 2 and "unsafe_archive_member" in r.err
+        assert not store.exists()
+
+
+REPORTS: dict[str, tuple[str, bytes]] = {
+    "not utf-8": ("invalid_report", b"\xff\xfe t\x00i\x00t\x00"),
+    "empty text": ("invalid_report", b"   \n\n  "),
+    "json missing body": ("invalid_report", b'{"title": "t"}'),
+    "json unknown key": ("invalid_report", b'{"title": "t", "body": "b", "coments": []}'),
+    "json wrong type": ("invalid_report", b'{"title": "t", "body": ["b"]}'),
+    "json blank title": ("invalid_report", b'{"title": "  ", "body": "b"}'),
+    "json comment without author": ("invalid_report",
+                                    b'{"title": "t", "body": "b", "comments": [{"body": "c"}]}'),
+    "json bad case id": ("invalid_case_id", b'{"title": "t", "body": "b", "case_id": "../x"}'),
+    "broken json": ("invalid_report", b'{"title": "t", "body": '),
+}
+
+
+class TestReportRefusals:
+    @pytest.mark.parametrize("label", sorted(REPORTS))
+    def test_refused(self, label: str, cli: Cli, tmp_path: Path, store_dir: Path,
+                     existing_store: dict[str, bytes]) -> None:
+        """Each broken report is refused with its reason; the store is unchanged."""
+        reason, raw = REPORTS[label]
+        report = tmp_path / "r.txt"
+        report.write_bytes(raw)
+        r = cli("intake", "--json", "--store", store_dir, "--report", report)
+        assert r.code == 2, (label, r.out, r.err)
+        assert r.json["error"]["reason"] == reason  # type: ignore[index]
+        assert snapshot(store_dir) == existing_store
+
+    def test_bad_case_id_flag(self, cli: Cli, tmp_path: Path, store_dir: Path,
+                              existing_store: dict[str, bytes]) -> None:
+        """--case-id must follow the contract's id rules."""
+        r = cli("intake", "--store", store_dir, "--report", _report(tmp_path),
+                "--case-id=-starts-with-dash")
+        assert r.code == 2 and "invalid_case_id" in r.err
+        assert snapshot(store_dir) == existing_store
+
+    def test_duplicate_input_names(self, cli: Cli, tmp_path: Path, store_dir: Path,
+                                   existing_store: dict[str, bytes]) -> None:
+        """Two attachments with the same file name are refused, not silently renamed."""
+        (tmp_path / "a").mkdir()
+        (tmp_path / "b").mkdir()
+        (tmp_path / "a" / "log.txt").write_text("1")
+        (tmp_path / "b" / "log.txt").write_text("2")
+        r = cli("intake", "--store", store_dir, "--report", _report(tmp_path),
+                "--attach", tmp_path / "a" / "log.txt", "--attach", tmp_path / "b" / "log.txt")
+        assert r.code == 2 and "duplicate_input" in r.err
+        assert snapshot(store_dir) == existing_store
+
+    def test_missing_attachment(self, cli: Cli, tmp_path: Path, store_dir: Path,
+                                existing_store: dict[str, bytes]) -> None:
+        """A missing file is refused before anything is written."""
+        r = cli("intake", "--store", store_dir, "--report", _report(tmp_path),
+                "--attach", tmp_path / "nope.zip")
+        assert r.code == 2 and "no such file" in r.err
+        assert snapshot(store_dir) == existing_store
+
+    def test_existing_case_refused(self, cli: Cli, sample: Path, store_dir: Path,
+                                   existing_store: dict[str, bytes]) -> None:
+        """Intake of a case id that already exists is refused and writes nothing."""
+        r = cli("intake", "--json", "--store", store_dir, "--report", sample / "report.json")
+        assert r.code == 2
+        assert r.json["error"]["reason"] == "case_exists"  # type: ignore[index]
+        assert snapshot(store_dir) == existing_store

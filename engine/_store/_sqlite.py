@@ -393,6 +393,8 @@ class _BatchPlan:
     def _publish(self, req: PublishRequest, now: str) -> Published:
         head = self._check_identity(req.package_id, req.case_id)
         current = head[1] if head else None
+        if req.expected_generation is None and current is not None:
+            raise CaseExists(f"case {req.case_id!r} already exists (package {req.package_id})")
         if current != req.expected_generation:
             raise StaleGeneration(
                 f"case {req.case_id!r}: expected generation {req.expected_generation}, "

@@ -1,0 +1,146 @@
+"""Export → import into another store under another name: full history, identical hashes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import zipfile
+from pathlib import Path
+
+import trio
+
+from actors import open_store
+from engine import BytesSource, Change, PublishRequest, SqliteStore
+from tests.conftest import Cli
+
+
+def _intake_and_advance(cli: Cli, sample: Path, store: Path) -> None:
+    r = cli("intake", "--store", store, "--report", sample / "report.json",
+            "--attach", f"diagnostics={sample / 'wowdiag.zip'}",
+            "--attach", f"source={sample / 'wowsrc.zip'}")
+    assert r.code == 0, r.err
+
+    async def advance() -> None:
+        async with open_store(store, inline_threshold=512) as handle:
+            ref = await handle.case("BUG-20")
+            for gen in range(ref.generation, ref.generation + 2):
+                await handle.publish(PublishRequest(ref.package_id, "BUG-20", gen, Change(
+                    files={f"analysis/x/{gen}.json": BytesSource.of(b"[1]" * 400 * gen)},
+                    phase="INTERPRETING")))
+
+    trio.run(advance)
+
+
+def _history(store: Path) -> list[tuple[int, str, bytes]]:
+    s = SqliteStore.open(store, create=False)
+    ref = s.case("BUG-20")
+    rows = [(r.generation, r.manifest_sha256, bytes(r.manifest)) for r in
+            s.generations(ref.package_id)]
+    s.close()
+    return rows
+
+
+class TestRoundTrip:
+    def test_export_import_renamed_everything(self, cli: Cli, sample: Path,
+                                              tmp_path: Path) -> None:
+        """History, manifests and blob bytes are identical after a round trip through a
+        renamed zip into a store at another path; verify passes."""
+        a = tmp_path / "store-a"
+        _intake_and_advance(cli, sample, a)
+        exported = tmp_path / "out.zip"
+        r = cli("export", "--json", "--store", a, "BUG-20", exported)
+        assert r.code == 0, r.err
+        renamed = tmp_path / "something-else.bin"
+        shutil.move(exported, renamed)
+        b = tmp_path / "elsewhere" / "store-b"
+        r = cli("import", "--json", "--store", b, renamed)
+        assert r.code == 0, r.err
+        assert r.json["package_generation"] == 3  # type: ignore[index]
+        assert _history(a) == _history(b)
+        assert cli("verify", "--store", b).code == 0
+        for path in ("inputs/wowdiag.zip", "inputs/report.json", "analysis/x/2.json"):
+            one = cli("cat", "--json", "--store", a, "BUG-20", path).json
+            two = cli("cat", "--json", "--store", b, "BUG-20", path).json
+            assert one == two and ("text" in one or "base64" in one)  # type: ignore[operator]
+
+    def test_reimport_is_idempotent_and_fast_forwards(self, cli: Cli, sample: Path,
+                                                      tmp_path: Path) -> None:
+        """Importing the same export twice is a no-op; a longer history fast-forwards."""
+        a, b = tmp_path / "a", tmp_path / "b"
+        cli("intake", "--store", a, "--report", sample / "report.json")
+        cli("export", "--store", a, "BUG-20", tmp_path / "one.zip")
+        assert cli("import", "--store", b, tmp_path / "one.zip").code == 0
+        assert cli("import", "--store", b, tmp_path / "one.zip").code == 0
+        _intake_and_advance_existing(a)
+        cli("export", "--store", a, "BUG-20", tmp_path / "three.zip")
+        assert cli("import", "--store", b, tmp_path / "three.zip").code == 0
+        assert _history(a) == _history(b)
+
+    def test_diverged_history_refused(self, cli: Cli, sample: Path, tmp_path: Path) -> None:
+        """A different package of the same case id is refused, nothing written."""
+        a, b = tmp_path / "a", tmp_path / "b"
+        cli("intake", "--store", a, "--report", sample / "report.json")
+        cli("intake", "--store", b, "--report", sample / "report.json")
+        cli("export", "--store", a, "BUG-20", tmp_path / "a.zip")
+        before = _history(b)
+        r = cli("import", "--json", "--store", b, tmp_path / "a.zip")
+        assert r.code == 2
+        assert r.json["error"]["reason"] == "case_exists"  # type: ignore[index]
+        assert _history(b) == before
+
+
+def _intake_and_advance_existing(store: Path) -> None:
+    async def advance() -> None:
+        async with open_store(store) as handle:
+            ref = await handle.case("BUG-20")
+            for gen in (1, 2):
+                await handle.publish(PublishRequest(ref.package_id, "BUG-20", gen, Change(
+                    files={f"n/{gen}": BytesSource.of(b"n")})))
+
+    trio.run(advance)
+
+
+def _rewrite(src: Path, dest: Path, edit: dict[str, bytes | None]) -> Path:
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dest, "w") as zout:
+        for name in zin.namelist():
+            data = edit.get(name, zin.read(name))
+            if data is not None:
+                zout.writestr(name, data)
+    return dest
+
+
+class TestTamperedExports:
+    def test_each_tampering_is_refused(self, cli: Cli, sample: Path, tmp_path: Path) -> None:
+        """Changed blobs, manifests, indexes and missing members are refused; nothing written."""
+        a = tmp_path / "a"
+        cli("intake", "--store", a, "--report", sample / "report.json",
+            "--attach", f"diagnostics={sample / 'wowdiag.zip'}")
+        good = tmp_path / "good.zip"
+        cli("export", "--store", a, "BUG-20", good)
+        with zipfile.ZipFile(good) as zf:
+            names = zf.namelist()
+            index = json.loads(zf.read("viano-export.json"))
+            manifest = json.loads(zf.read("manifests/000001.json"))
+        blob = next(n for n in names if n.startswith("blobs/"))
+        bad_manifest = dict(manifest, case_id="OTHER")
+        cases = {
+            "blob changed": {blob: b"tampered"},
+            "blob missing": {blob: None},
+            "manifest changed": {"manifests/000001.json":
+                                 json.dumps(bad_manifest).encode()},
+            "index wrong format": {"viano-export.json":
+                                   json.dumps(dict(index, format="x")).encode()},
+            "index bad case id": {"viano-export.json":
+                                  json.dumps(dict(index, case_id="../x")).encode()},
+            "extra member": {"extra/evil.sh": b"rm -rf /"},
+        }
+        for label, edit in cases.items():
+            src = _rewrite(good, tmp_path / f"{label}.zip", edit)
+            if label == "extra member":
+                with zipfile.ZipFile(src, "a") as zf:
+                    zf.writestr("extra/evil.sh", b"rm -rf /")
+            store = tmp_path / f"target-{len(label)}-{label[:4]}"
+            r = cli("import", "--json", "--store", store, src)
+            assert r.code == 2, (label, r.out)
+            assert r.json["error"]["reason"] == "invalid_export", (label, r.json)  # type: ignore[index]
+            assert not store.exists(), label

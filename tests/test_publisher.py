@@ -1,0 +1,162 @@
+"""The publisher actor: group commit, durable acknowledgement, cancellation safety."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import trio
+
+from actors import PublishMsg, mailbox, open_store, run_publisher
+from engine import (
+    BytesSource,
+    Change,
+    Outcome,
+    PublishRequest,
+    Request,
+    SqliteStore,
+    StorageError,
+    new_package_id,
+    verify_store,
+)
+
+
+def _create(case: str, payload: bytes = b"x") -> PublishRequest:
+    return PublishRequest(new_package_id(), case, None, Change(
+        files={"inputs/a.bin": BytesSource.of(payload), "case/c.json": BytesSource.of(b"{}")},
+        phase="INTAKE"))
+
+
+class TestGroupCommit:
+    async def test_waiting_requests_share_one_transaction(self, tmp_path: Path) -> None:
+        """200 concurrent publications commit in far fewer transactions, all acknowledged."""
+        async with open_store(tmp_path) as store:
+            results = []
+
+            async def one(i: int) -> None:
+                results.append(await store.publish(_create(f"G-{i}", str(i).encode())))
+
+            async with trio.open_nursery() as nursery:
+                for i in range(200):
+                    nursery.start_soon(one, i)
+            assert len(results) == 200
+            assert store.stats.requests == 200
+            assert store.stats.batches < 50
+            assert store.store.transactions == store.stats.batches
+            assert store.stats.largest_batch > 1
+
+    async def test_one_transaction_per_publication_when_disabled(self, tmp_path: Path) -> None:
+        """With group commit off each publication is its own transaction (the baseline)."""
+        async with open_store(tmp_path, group_commit=False) as store:
+            async with trio.open_nursery() as nursery:
+                for i in range(20):
+                    nursery.start_soon(store.publish, _create(f"N-{i}"))
+            assert store.stats.batches == 20 and store.stats.largest_batch == 1
+
+    async def test_acknowledged_means_durable(self, tmp_path: Path) -> None:
+        """Once publish returns, a fresh connection sees the generation."""
+        async with open_store(tmp_path) as store:
+            out = await store.publish(_create("D-1"))
+            fresh = SqliteStore.open(tmp_path, create=False)
+            assert fresh.case("D-1").generation == out.generation == 1
+            fresh.close()
+
+
+class TestCancellation:
+    async def test_cancelled_callers_never_leave_partial_generations(self,
+                                                                     tmp_path: Path) -> None:
+        """Callers cancelled at random moments: every generation in the store is whole, and
+        every acknowledged one is present."""
+        rng = random.Random(7)
+        acked: list[tuple[str, int]] = []
+        async with open_store(tmp_path) as store:
+
+            async def caller(i: int) -> None:
+                with trio.move_on_after(rng.uniform(0, 0.004)):
+                    out = await store.publish(_create(f"C-{i}", bytes([i % 256]) * 64))
+                    acked.append((out.case_id, out.generation))
+
+            for _round in range(5):
+                async with trio.open_nursery() as nursery:
+                    for i in range(_round * 60, _round * 60 + 60):
+                        nursery.start_soon(caller, i)
+        store2 = SqliteStore.open(tmp_path, create=False)
+        report = verify_store(store2)
+        assert report.ok, report.violations
+        present = {(r.case_id, r.generation) for r in store2.list_cases()}
+        assert set(acked) <= present
+        assert 0 < len(acked) < 300  # the run really cancelled some callers
+        store2.close()
+
+    async def test_commit_in_progress_finishes_when_everything_is_cancelled(
+            self, tmp_path: Path) -> None:
+        """Cancelling the actor and its caller mid-commit: the shielded commit completes."""
+
+        class SlowStore(SqliteStore):
+            def commit_batch(self, requests: Sequence[Request]) -> list[Outcome]:
+                committing.set()
+                time.sleep(0.3)
+                return super().commit_batch(requests)
+
+        committing = threading.Event()
+        store = SlowStore.open(tmp_path, create=True)
+        send, recv = mailbox()
+        msg = PublishMsg(_create("S-1"))
+        with trio.move_on_after(5) as scope:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(lambda **ts: run_publisher(recv, store, **ts))
+                await send.send(msg)
+                await trio.to_thread.run_sync(committing.wait)
+                nursery.cancel_scope.cancel()
+        assert not scope.cancelled_caught
+        assert msg.done.is_set() and msg.outcome is not None
+        check = SqliteStore.open(tmp_path, create=False)
+        assert check.case("S-1").generation == 1
+        assert verify_store(check).ok
+        check.close()
+        store.close()
+
+
+class TestFailures:
+    async def test_storage_error_fails_the_batch_not_the_actor(self, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               ) -> None:
+        """A batch whose transaction fails answers its callers with the error; the
+        publisher keeps serving."""
+        async with open_store(tmp_path) as store:
+            real = store.store.commit_batch
+            calls = {"n": 0}
+
+            def flaky(requests: Sequence[Request]) -> list[Outcome]:
+                calls["n"] += 1
+                if calls["n"] == 1:
+                    raise StorageError("disk full (simulated)", reason="store_unavailable")
+                return real(requests)
+
+            monkeypatch.setattr(store.store, "commit_batch", flaky)
+            with pytest.raises(StorageError, match="disk full"):
+                await store.publish(_create("F-1"))
+            out = await store.publish(_create("F-1"))
+            assert out.generation == 1
+
+    async def test_shutdown_drains_queued_requests(self, tmp_path: Path) -> None:
+        """Requests already in the mailbox when the handle closes are still committed."""
+        results = []
+        async with open_store(tmp_path) as store, trio.open_nursery() as nursery:
+            for i in range(30):
+                nursery.start_soon(lambda i=i: _append(results, store.publish(_create(f"Q-{i}"))))
+        assert len(results) == 30
+
+    async def test_body_errors_propagate_unwrapped(self, tmp_path: Path) -> None:
+        """An error raised inside `async with open_store()` reaches the caller as itself."""
+        with pytest.raises(KeyError):
+            async with open_store(tmp_path):
+                raise KeyError("mine")
+
+
+async def _append(results: list[object], coro: object) -> None:
+    results.append(await coro)  # type: ignore[misc]

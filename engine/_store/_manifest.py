@@ -22,13 +22,14 @@ from ._sources import BlobSource
 PACKAGE_FORMAT = "viano-case-package/1"
 _PHASE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
 _POINTER = re.compile(r"[a-z][a-z0-9_]{0,63}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def validate_logical_path(path: str) -> str:
     """A logical path is relative, '/'-separated, with no empty, '.' or '..' segment."""
     if not path or len(path) > 1024 or path.startswith("/") or "\\" in path:
         raise ChangeRejected(f"logical path {path!r} is not valid")
-    if any(ord(ch) < 32 or ch == "\x7f" for ch in path):
+    if _CONTROL.search(path):
         raise ChangeRejected(f"logical path {path!r} contains control characters")
     if any(seg in ("", ".", "..") for seg in path.split("/")):
         raise ChangeRejected(f"logical path {path!r} has an empty, '.' or '..' segment")

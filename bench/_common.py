@@ -1,0 +1,51 @@
+"""Shared helpers for benchmarks: medians, tables, JSON results."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    cells = [[_fmt(v) for v in row] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    print(f"\n{title}")
+    print("  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True)))
+    for r in cells:
+        print("  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)))
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:,.2f}" if abs(v) < 100 else f"{v:,.0f}"
+    return str(v)
+
+
+def write_json(name: str, payload: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    payload = {"benchmark": name, "when": datetime.now(UTC).isoformat(),
+               "python": sys.version.split()[0], "machine": platform.machine(),
+               "cpus": __import__("os").cpu_count(), **payload}
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"\nresults written to {path}")
+    return path

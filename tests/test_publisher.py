@@ -160,3 +160,30 @@ class TestFailures:
 
 async def _append(results: list[object], coro: object) -> None:
     results.append(await coro)  # type: ignore[misc]
+
+
+class TestCheckpointer:
+    async def test_checkpoints_run_in_the_background_by_volume(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The publisher checkpoints the WAL once per CHECKPOINT_BYTES committed, not per commit."""
+        import actors._publisher as publisher
+
+        calls: list[tuple[int, int, int]] = []
+        real = SqliteStore.checkpoint
+
+        def counting(self: SqliteStore) -> tuple[int, int, int]:
+            result = real(self)
+            calls.append(result)
+            return result
+
+        monkeypatch.setattr(SqliteStore, "checkpoint", counting)
+        monkeypatch.setattr(publisher, "CHECKPOINT_BYTES", 50_000)
+        async with open_store(tmp_path) as store:
+            for i in range(10):  # ~20 KB each: about 4 checkpoints, not 10
+                await store.publish(_create(f"W-{i}", bytes([i]) * 20_000))
+            await trio.sleep(0.2)
+            # The writer no longer checkpoints inside COMMIT.
+            assert store.store.writer.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+        assert 2 <= len(calls) <= 5
+        assert all(busy == 0 for busy, _, _ in calls)
+        assert any(done > 0 for _, _, done in calls)

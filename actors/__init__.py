@@ -1,6 +1,11 @@
-"""Viano's trio actors: the publisher today; the case actor, gateway pool and supervisor
-land with their phases. Imports only from ``engine``'s face."""
+"""Viano's trio actors: the publisher and the gateway pool; the case actor and the
+supervisor land with their phases. Imports only from ``engine``."""
 
+from ._gateway_pool import GatewayCancelled as GatewayCancelled
+from ._gateway_pool import GatewayHandle as GatewayHandle
+from ._gateway_pool import GatewayPool as GatewayPool
+from ._gateway_pool import open_gateway as open_gateway
+from ._gateway_pool import run_gateway_pool as run_gateway_pool
 from ._publisher import PublisherStats as PublisherStats
 from ._publisher import PublishMsg as PublishMsg
 from ._publisher import mailbox as mailbox

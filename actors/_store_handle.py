@@ -30,6 +30,7 @@ from engine import (
 )
 
 from ._publisher import PublisherStats, PublishMsg, mailbox, run_publisher
+from ._serving import serving
 
 
 class StoreHandle:
@@ -98,19 +99,10 @@ async def open_store(root: str | Path, *, group_commit: bool = True, max_batch: 
     store = await trio.to_thread.run_sync(lambda: SqliteStore.open(root, create=True, **kw))
     stats = PublisherStats()
     send, recv = mailbox()
-    body_error: BaseException | None = None
     try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(lambda **ts: run_publisher(
-                recv, store, max_batch=max_batch, group_commit=group_commit, stats=stats, **ts))
-            try:
-                yield StoreHandle(store, send, stats)
-            except BaseException as exc:  # re-raised below, unwrapped by the nursery
-                body_error = exc
-            finally:
-                # Closing the mailbox lets the publisher drain what is queued and return.
-                send.close()
-        if body_error is not None:
-            raise body_error
+        async with serving(lambda **ts: run_publisher(
+                recv, store, max_batch=max_batch, group_commit=group_commit, stats=stats, **ts),
+                send):
+            yield StoreHandle(store, send, stats)
     finally:
         store.close()

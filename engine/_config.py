@@ -113,11 +113,26 @@ class ProviderConfig:
 
 
 @attrs.frozen
+class GatewayConfig:
+    """How the gateway retries within a round (the round itself is never slept across)."""
+
+    connect_timeout_s: float = attrs.field(default=10.0, validator=_positive)
+    backoff_base_s: float = attrs.field(default=0.5, validator=_positive)
+    backoff_max_s: float = attrs.field(default=8.0, validator=_positive)
+    retry_after_cap_s: float = attrs.field(default=30.0, validator=_non_negative)
+    cooldown_after: int = attrs.field(default=3, validator=_positive)
+    cooldown_s: float = attrs.field(default=60.0, validator=_non_negative)
+    max_connections: int = attrs.field(default=16, validator=_positive)
+    max_output_bytes: int = attrs.field(default=2_097_152, validator=_positive)
+
+
+@attrs.frozen
 class Config:
     hypotheses: HypothesisPolicy = attrs.field(factory=HypothesisPolicy)
     interpretation: InterpretationPolicy = attrs.field(factory=InterpretationPolicy)
     retry: RetryPolicy = attrs.field(factory=RetryPolicy)
     intake: IntakeConfig = attrs.field(factory=IntakeConfig)
+    gateway: GatewayConfig = attrs.field(factory=GatewayConfig)
     providers: tuple[ProviderConfig, ...] = ()
     source: str = attrs.field(default="(built-in defaults)", eq=False)
 

@@ -14,6 +14,9 @@ def _public(module: object) -> set[str]:
 ENGINE_API = [
     "ArchiveRejected",
     "Attachment",
+    "AttemptContext",
+    "AttemptResult",
+    "AuditRecord",
     "BlobSource",
     "BytesSource",
     "CRASH_POINTS",
@@ -29,8 +32,11 @@ ENGINE_API = [
     "EXIT_OK",
     "EXIT_REJECTED",
     "ExportSummary",
+    "FailureClass",
     "FileSource",
+    "GatewayConfig",
     "GcReport",
+    "HttpCall",
     "HypothesisLimits",
     "HypothesisPolicy",
     "INLINE_THRESHOLD",
@@ -40,18 +46,24 @@ ENGINE_API = [
     "IntakeLimits",
     "IntakePlan",
     "InterpretationPolicy",
+    "InvalidAnswer",
     "InvalidCaseId",
     "NotFound",
     "Outcome",
     "PACKAGE_FORMAT",
+    "Prompt",
     "ProviderConfig",
     "PublishRequest",
     "Published",
     "ROLES",
+    "Redactor",
     "RejectedInput",
     "ReportRejected",
     "Request",
     "RetryPolicy",
+    "RoundOutcome",
+    "RoundRequest",
+    "RoundStatus",
     "SimulatedCrash",
     "SqliteStore",
     "StaleGeneration",
@@ -61,15 +73,26 @@ ENGINE_API = [
     "Violation",
     "arm_crash_point",
     "artifact_json",
+    "backoff_delay",
+    "build_call",
     "canonical_json",
     "case_lock",
     "collect_garbage",
     "disarm_crash_points",
     "export_package",
+    "fixture_attempt",
+    "http_attempt",
+    "install_log_filter",
+    "make_record",
     "new_package_id",
+    "no_answer_status",
+    "parse_contracted_json",
     "prepare_intake",
     "read_export",
+    "remove_log_filter",
+    "retry_after_seconds",
     "sha256_hex",
+    "utc_now_iso",
     "validate_case_id",
     "verify_store",
 ]
@@ -81,15 +104,11 @@ def test_engine_face() -> None:
 
 
 def test_actors_face() -> None:
-    """actors exposes the publisher and the store handle."""
+    """actors exposes the publisher, the gateway pool and their handles."""
     assert _public(actors) == {
-        "PublisherStats",
-        "PublishMsg",
-        "StoreHandle",
-        "mailbox",
-        "open_store",
-        "run_publisher",
-    }
+        "GatewayCancelled", "GatewayHandle", "GatewayPool", "PublishMsg", "PublisherStats",
+        "StoreHandle", "mailbox", "open_gateway", "open_store", "run_gateway_pool",
+        "run_publisher"}
 
 
 def test_public_face() -> None:

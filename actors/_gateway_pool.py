@@ -1,0 +1,246 @@
+"""The gateway-pool actor: one round = the providers in configured order, each with bounded
+retries; the answer, or the full record of why none came.
+
+It owns, per provider, one ``httpx.AsyncClient`` with a small connection pool (httpcore gets
+CPU-bound above ~10-20 connections: ARCHITECTURE.md), a ``trio.CapacityLimiter`` of
+``max_concurrency`` where excess requests queue, and the shared cooldown state. It is the
+only retry owner: adapters never retry. It never sleeps between rounds (the phase schedules
+those) and never writes the store: audit records go back to the caller.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+
+import attrs
+import httpx
+import trio
+
+from engine import (
+    AttemptContext,
+    AttemptResult,
+    AuditRecord,
+    FailureClass,
+    GatewayConfig,
+    ProviderConfig,
+    Redactor,
+    RoundOutcome,
+    RoundRequest,
+    RoundStatus,
+    backoff_delay,
+    build_call,
+    fixture_attempt,
+    http_attempt,
+    install_log_filter,
+    make_record,
+    no_answer_status,
+    remove_log_filter,
+    utc_now_iso,
+)
+
+from ._serving import serving
+
+CLOSE_TIMEOUT_S = 5.0
+
+
+@attrs.define(eq=False)
+class ProviderState:
+    config: ProviderConfig
+    limiter: trio.CapacityLimiter
+    client: httpx.AsyncClient | None
+    secret: str | None
+    consecutive_unavailable: int = 0
+    cooldown_until: float = -math.inf
+
+
+class GatewayPool:
+    """The pool's state and the round algorithm. Used only from the actor's tasks."""
+
+    def __init__(self, providers: Sequence[ProviderConfig], config: GatewayConfig, *,
+                 rng: random.Random | None = None,
+                 transports: Mapping[str, httpx.AsyncBaseTransport] | None = None,
+                 environ: Mapping[str, str] | None = None):
+        env = os.environ if environ is None else environ
+        self.config = config
+        self.rng = rng or random.Random()
+        self.redactor = Redactor()
+        self.states: list[ProviderState] = []
+        for p in providers:
+            secret = env.get(p.api_key_env) if p.api_key_env else None
+            if secret:
+                self.redactor.add(secret)
+            client = None if p.kind == "fixture" else self._client(p, (transports or {}).get(
+                p.name))
+            self.states.append(ProviderState(p, trio.CapacityLimiter(p.max_concurrency),
+                                             client, secret))
+
+    def _client(self, p: ProviderConfig, transport: httpx.AsyncBaseTransport | None,
+                ) -> httpx.AsyncClient:
+        connections = min(self.config.max_connections, p.max_concurrency)
+        return httpx.AsyncClient(
+            timeout=httpx.Timeout(p.timeout_s, connect=min(self.config.connect_timeout_s,
+                                                          p.timeout_s)),
+            limits=httpx.Limits(max_connections=connections,
+                                max_keepalive_connections=connections),
+            follow_redirects=False, trust_env=False, transport=transport)
+
+    async def aclose(self) -> None:
+        with trio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
+            for state in self.states:
+                if state.client is not None:
+                    await state.client.aclose()
+
+    async def run_round(self, request: RoundRequest) -> RoundOutcome:
+        attempts: list[AuditRecord] = []
+        for state in self.states:
+            if trio.current_time() < state.cooldown_until:
+                attempts.append(self._skipped(state, request, len(attempts) + 1))
+                continue
+            result = await self._provider(state, request, attempts)
+            if result is not None:
+                return result
+        return RoundOutcome(no_answer_status(attempts), tuple(attempts))
+
+    async def _provider(self, state: ProviderState, request: RoundRequest,
+                        attempts: list[AuditRecord]) -> RoundOutcome | None:
+        """Try one provider with its retries; an outcome ends the round, None moves on."""
+        cfg = self.config
+        for retry in range(state.config.retries + 1):
+            result = await self._attempt(state, request, len(attempts) + 1, retry)
+            attempts.append(result.record)
+            failure = result.failure
+            if failure is None or failure is FailureClass.INVALID_ANSWER:
+                state.consecutive_unavailable = 0
+                status = RoundStatus.ANSWER if failure is None else RoundStatus.INVALID_ANSWER
+                return RoundOutcome(status, tuple(attempts), state.config.name,
+                                    result.content, result.parsed)
+            if failure is FailureClass.CONFIGURATION:
+                return None
+            state.consecutive_unavailable += 1
+            if state.consecutive_unavailable >= cfg.cooldown_after:
+                state.cooldown_until = trio.current_time() + cfg.cooldown_s
+                return None
+            if retry == state.config.retries:
+                return None
+            wait = result.record.retry_after_s
+            if wait is not None and wait > cfg.retry_after_cap_s:
+                return None  # asked to wait longer than we would: move on, do not sleep
+            if wait is None:
+                wait = backoff_delay(retry, cfg.backoff_base_s, cfg.backoff_max_s, self.rng)
+            await trio.sleep(wait)
+        return None
+
+    async def _attempt(self, state: ProviderState, request: RoundRequest, attempt: int,
+                       retry: int) -> AttemptResult:
+        p = state.config
+        ctx = AttemptContext(provider=p, prompt=request.prompt, attempt=attempt, retry=retry,
+                             redactor=self.redactor, check=request.check,
+                             max_output_bytes=request.max_output_bytes
+                             or self.config.max_output_bytes)
+        started, started_at = time.monotonic(), _now()
+        if p.kind == "fixture":
+            async with state.limiter:
+                return await trio.to_thread.run_sync(fixture_attempt, ctx)
+        if p.api_key_env and not state.secret:
+            return AttemptResult(make_record(
+                ctx, None, started, started_at, failure=FailureClass.CONFIGURATION,
+                detail="missing_api_key",
+                error=f"environment variable {p.api_key_env} is not set"))
+        call = build_call(p, state.secret, request.prompt)
+        assert state.client is not None
+        async with state.limiter:
+            started, started_at = time.monotonic(), _now()
+            with trio.move_on_after(p.timeout_s):
+                return await http_attempt(state.client, call, ctx)
+        return AttemptResult(make_record(
+            ctx, call, started, started_at, failure=FailureClass.UNAVAILABLE,
+            detail="total_deadline", error=f"no complete answer within timeout_s={p.timeout_s}"))
+
+    def _skipped(self, state: ProviderState, request: RoundRequest, attempt: int) -> AuditRecord:
+        ctx = AttemptContext(provider=state.config, prompt=request.prompt, attempt=attempt,
+                             retry=0, redactor=self.redactor, max_output_bytes=0)
+        left = state.cooldown_until - trio.current_time()
+        return make_record(ctx, None, time.monotonic(), _now(), failure=FailureClass.SKIPPED,
+                           detail="cooldown",
+                           error=f"cooling down for another {left:.1f}s after "
+                                 f"{state.consecutive_unavailable} unavailable attempts")
+
+
+def _now() -> str:
+    return utc_now_iso()
+
+
+@attrs.define(eq=False)
+class RoundMsg:
+    request: RoundRequest
+    done: trio.Event = attrs.field(factory=trio.Event)
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    outcome: RoundOutcome | None = None
+
+
+async def run_gateway_pool(inbox: trio.MemoryReceiveChannel[RoundMsg], pool: GatewayPool, *,
+                           task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+                           ) -> None:
+    """Serve rounds concurrently until the mailbox closes, then close the HTTP clients."""
+    try:
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            async with inbox:
+                async for msg in inbox:
+                    nursery.start_soon(_serve, pool, msg)
+    finally:
+        await pool.aclose()
+
+
+async def _serve(pool: GatewayPool, msg: RoundMsg) -> None:
+    try:
+        with msg.scope:
+            msg.outcome = await pool.run_round(msg.request)
+    finally:
+        msg.done.set()
+
+
+class GatewayCancelled(Exception):
+    """The round was cancelled before it produced an outcome."""
+
+
+class GatewayHandle:
+    def __init__(self, pool: GatewayPool, send: trio.MemorySendChannel[RoundMsg]):
+        self.pool = pool
+        self._send = send
+
+    async def round(self, request: RoundRequest) -> RoundOutcome:
+        """Run one round. Cancelling the caller cancels the round, which releases its
+        limiter slot and connection at once; the pool keeps serving the others."""
+        msg = RoundMsg(request)
+        await self._send.send(msg)
+        try:
+            await msg.done.wait()
+        finally:
+            if not msg.done.is_set():
+                msg.scope.cancel()
+        if msg.outcome is None:
+            raise GatewayCancelled("the round was cancelled")
+        return msg.outcome
+
+
+@asynccontextmanager
+async def open_gateway(providers: Sequence[ProviderConfig], config: GatewayConfig | None = None,
+                       *, rng: random.Random | None = None,
+                       transports: Mapping[str, httpx.AsyncBaseTransport] | None = None,
+                       environ: Mapping[str, str] | None = None,
+                       ) -> AsyncIterator[GatewayHandle]:
+    pool = GatewayPool(providers, config or GatewayConfig(), rng=rng, transports=transports,
+                       environ=environ)
+    log_filter = install_log_filter(pool.redactor)
+    send, recv = trio.open_memory_channel[RoundMsg](math.inf)
+    try:
+        async with serving(lambda **ts: run_gateway_pool(recv, pool, **ts), send):
+            yield GatewayHandle(pool, send)
+    finally:
+        remove_log_filter(log_filter)

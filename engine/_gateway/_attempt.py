@@ -1,0 +1,164 @@
+"""One attempt at one provider: send, read the body within the output limit, classify.
+
+Plain async over httpx: no trio here. The total deadline is the caller's cancel scope; if it
+fires, the caller records the attempt from the :class:`HttpCall` it built.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+
+from .._canonical import utc_now_iso
+from .._config import ProviderConfig
+from ._answer import InvalidAnswer, parse_contracted_json
+from ._audit import BODY_LIMIT, AuditRecord
+from ._classes import FailureClass, classify_exception, classify_status
+from ._redact import Redactor
+from ._retry import retry_after_seconds
+from ._wire import EnvelopeError, HttpCall, Prompt, extract_content
+
+Check = Callable[[dict[str, Any]], None]
+
+
+@attrs.frozen
+class AttemptResult:
+    record: AuditRecord
+    content: str | None = None
+    parsed: dict[str, Any] | None = None
+
+    @property
+    def failure(self) -> FailureClass | None:
+        return self.record.failure
+
+
+@attrs.frozen
+class AttemptContext:
+    provider: ProviderConfig
+    prompt: Prompt
+    attempt: int
+    retry: int
+    redactor: Redactor
+    max_output_bytes: int
+    check: Check | None = None
+
+
+def make_record(ctx: AttemptContext, call: HttpCall | None, started: float, started_at: str,
+                *, status: int | None = None, headers: dict[str, str] | None = None,
+                body: bytes = b"", truncated: bool = False, failure: FailureClass | None,
+                detail: str, error: str = "", retry_after: float | None = None) -> AuditRecord:
+    r = ctx.redactor
+    return AuditRecord(
+        prompt_id=ctx.prompt.prompt_id, provider=ctx.provider.name, kind=ctx.provider.kind,
+        attempt=ctx.attempt, retry=ctx.retry,
+        url=r.url(call.url) if call else "", request_headers=r.headers(call.headers) if call
+        else {}, request_body=r.text(call.body.decode("utf-8")) if call else "",
+        status=status, response_headers=r.headers(headers or {}),
+        response_body=r.text(body[:BODY_LIMIT].decode("utf-8", errors="replace")),
+        response_truncated=truncated or len(body) > BODY_LIMIT, started_at=started_at,
+        duration_ms=(time.monotonic() - started) * 1000, failure=failure, detail=detail,
+        error=r.text(error), retry_after_s=retry_after)
+
+
+async def http_attempt(client: httpx.AsyncClient, call: HttpCall, ctx: AttemptContext,
+                       ) -> AttemptResult:
+    started, started_at = time.monotonic(), utc_now_iso()
+    try:
+        async with client.stream("POST", call.url, headers=dict(call.headers),
+                                 content=call.body) as response:
+            body, over = await _read_limited(response, ctx.max_output_bytes)
+            status, headers = response.status_code, dict(response.headers)
+    except httpx.HTTPError as exc:
+        return AttemptResult(make_record(
+            ctx, call, started, started_at, failure=classify_exception(exc),
+            detail=_snake(type(exc).__name__), error=f"{type(exc).__name__}: {exc}"))
+    failure = classify_status(status)
+    retry_after = retry_after_seconds(headers)
+    if failure is not None:
+        return AttemptResult(make_record(
+            ctx, call, started, started_at, status=status, headers=headers, body=body,
+            truncated=over, failure=failure, detail=f"http_{status}",
+            error=f"HTTP {status}", retry_after=retry_after))
+
+    def invalid(detail: str, message: str) -> AttemptResult:
+        return AttemptResult(make_record(
+            ctx, call, started, started_at, status=status, headers=headers, body=body,
+            truncated=over, failure=FailureClass.INVALID_ANSWER, detail=detail, error=message))
+
+    if over:
+        return invalid("output_limit_exceeded",
+                       f"the response passed max_output_bytes={ctx.max_output_bytes}")
+    try:
+        content = extract_content(ctx.provider.kind, body)
+    except EnvelopeError as exc:
+        return invalid("bad_envelope", str(exc))
+    return _check_content(ctx, content, lambda parsed: AttemptResult(make_record(
+        ctx, call, started, started_at, status=status, headers=headers, body=body,
+        failure=None, detail="ok"), content=content, parsed=parsed), invalid)
+
+
+def _check_content(ctx: AttemptContext, content: str,
+                   ok: Callable[[dict[str, Any]], AttemptResult],
+                   invalid: Callable[[str, str], AttemptResult]) -> AttemptResult:
+    try:
+        parsed = parse_contracted_json(content)
+        if ctx.check is not None:
+            ctx.check(parsed)
+    except InvalidAnswer as exc:
+        return invalid(exc.detail, str(exc))
+    except (ValueError, TypeError, KeyError) as exc:
+        return invalid("contract_violation", str(exc))
+    return ok(parsed)
+
+
+async def _read_limited(response: httpx.Response, limit: int) -> tuple[bytes, bool]:
+    """Read at most ``limit`` bytes; past it, abandon the body (the connection is closed)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return b"".join(chunks)[: limit + 1], True
+    return b"".join(chunks), False
+
+
+def fixture_attempt(ctx: AttemptContext) -> AttemptResult:
+    """Answers from files: ``<path>/<prompt_id>/<case_id>.json``, else ``…/default.json``.
+    Deterministic; a missing file is a provider configuration failure."""
+    started, started_at = time.monotonic(), utc_now_iso()
+    root = Path(ctx.provider.path or ".") / ctx.prompt.prompt_id
+    for candidate in (root / f"{ctx.prompt.case_id}.json", root / "default.json"):
+        if ctx.prompt.case_id and "/" not in ctx.prompt.case_id and candidate.is_file():
+            raw = candidate.read_bytes()[: ctx.max_output_bytes + 1]
+            break
+    else:
+        return AttemptResult(make_record(
+            ctx, None, started, started_at, failure=FailureClass.CONFIGURATION,
+            detail="fixture_missing", error=f"no fixture answer under {root}"))
+
+    def invalid(detail: str, message: str) -> AttemptResult:
+        return AttemptResult(make_record(ctx, None, started, started_at, status=200, body=raw,
+                                         failure=FailureClass.INVALID_ANSWER, detail=detail,
+                                         error=message))
+
+    if len(raw) > ctx.max_output_bytes:
+        return invalid("output_limit_exceeded", "the fixture answer is over the output limit")
+    content = raw.decode("utf-8", errors="replace")
+    return _check_content(ctx, content, lambda parsed: AttemptResult(make_record(
+        ctx, None, started, started_at, status=200, body=raw, failure=None, detail="ok"),
+        content=content, parsed=parsed), invalid)
+
+
+def _snake(name: str) -> str:
+    out = []
+    for i, ch in enumerate(name):
+        if ch.isupper() and i:
+            out.append("_")
+        out.append(ch.lower())
+    return "".join(out)

@@ -1,0 +1,38 @@
+"""Backoff and Retry-After: pure functions of attempt number, headers and an injected RNG."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+
+
+def backoff_delay(retry_no: int, base_s: float, max_s: float, rng: random.Random) -> float:
+    """Exponential backoff with full jitter: uniform in [0, min(max, base * 2**n)]."""
+    return rng.uniform(0.0, min(max_s, base_s * (2 ** retry_no)))
+
+
+def retry_after_seconds(headers: Mapping[str, str], now: datetime | None = None) -> float | None:
+    """``retry-after-ms`` (OpenAI), else ``Retry-After`` as seconds or an HTTP date."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    ms = lowered.get("retry-after-ms")
+    if ms is not None:
+        try:
+            return max(0.0, float(ms) / 1000.0)
+        except ValueError:
+            pass
+    value = lowered.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())

@@ -1,0 +1,213 @@
+"""Loopback provider server speaking the OpenAI (``/v1/chat/completions``) and Anthropic
+(``/v1/messages``) wire formats, with scripted answers and fault modes.
+
+Each request takes the next mode from ``script`` (a FIFO), else ``default_mode``. Modes:
+ok, close (accept, read, close without answering), hang, drip (a byte at a time), 500, 502,
+503, 429 (Retry-After seconds), 429-long (3600 s), 429-ms (retry-after-ms), 401 (echoes the
+caller's key in the body, as some providers do), 403, 404, 400, malformed (200 + broken
+JSON), truncated (Content-Length larger than what is sent), oversized (a 3 MiB body), empty
+(empty content), fenced (```json fence), prose (text around the JSON), extra_keys (an
+unknown key in the answer), list (a top-level JSON list). A refused connection is a port
+nobody listens on: :func:`dead_port`.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections import deque
+from typing import Any
+
+import attrs
+import h11
+import trio
+
+DEFAULT_ANSWER: dict[str, Any] = {"summary": "ok", "items": ["a", "b"]}
+MODES = ("ok", "close", "hang", "drip", "500", "502", "503", "429", "429-long", "429-ms", "401",
+         "403", "404", "400", "malformed", "truncated", "oversized", "empty", "fenced", "prose",
+         "extra_keys", "list")
+
+
+@attrs.define
+class Received:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+class LoopbackServer:
+    def __init__(self, *, default_mode: str = "ok", answer: dict[str, Any] | None = None,
+                 delay_s: float = 0.0, drip_interval_s: float = 0.05, retry_after: str = "1"):
+        self.default_mode = default_mode
+        self.answer = answer if answer is not None else DEFAULT_ANSWER
+        self.delay_s = delay_s
+        self.drip_interval_s = drip_interval_s
+        self.retry_after = retry_after
+        self.script: deque[str] = deque()
+        self.requests: list[Received] = []
+        self.record_requests = True
+        self.port = 0
+
+    @property
+    def openai_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def anthropic_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def push(self, *modes: str) -> None:
+        for mode in modes:
+            if mode not in MODES:
+                raise ValueError(f"unknown mode {mode!r}")
+        self.script.extend(modes)
+
+    async def serve(self, port: int = 0, *,
+                    task_status: trio.TaskStatus[LoopbackServer] = trio.TASK_STATUS_IGNORED,
+                    ) -> None:
+        listeners = await trio.open_tcp_listeners(port, host="127.0.0.1", backlog=512)
+        self.port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            task_status.started(self)
+            await trio.serve_listeners(self._connection, listeners, handler_nursery=nursery)
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = h11.Connection(h11.SERVER)
+        try:
+            while True:
+                got = await _read_request(conn, stream)
+                if got is None:
+                    return
+                request, body = got
+                mode = self.script.popleft() if self.script else self.default_mode
+                headers = {k.decode().lower(): v.decode() for k, v in request.headers}
+                if self.record_requests:
+                    self.requests.append(Received(request.method.decode(),
+                                                  request.target.decode(), headers, body))
+                if not await self._respond(conn, stream, mode, request.target.decode(), headers):
+                    return
+                if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
+                    return
+                conn.start_next_cycle()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
+            return
+        finally:
+            with trio.move_on_after(1, shield=True):
+                await stream.aclose()
+
+    async def _respond(self, conn: h11.Connection, stream: trio.SocketStream, mode: str,
+                       path: str, headers: dict[str, str]) -> bool:
+        """Answer one request; False closes the connection."""
+        if self.delay_s:
+            await trio.sleep(self.delay_s)
+        anthropic = path.split("?", 1)[0].endswith("/messages")
+        if mode == "close":
+            return False
+        if mode == "hang":
+            await trio.sleep_forever()
+        if mode in ("500", "502", "503", "400", "403", "404"):
+            await _send(conn, stream, int(mode), {"error": {"message": f"status {mode}"}})
+            return True
+        if mode.startswith("429"):
+            extra = {"429": [("retry-after", self.retry_after)],
+                     "429-long": [("retry-after", "3600")],
+                     "429-ms": [("retry-after-ms", "20")]}[mode]
+            await _send(conn, stream, 429, {"error": {"message": "rate limited"}}, extra)
+            return True
+        if mode == "401":
+            key = headers.get("authorization", "") or headers.get("x-api-key", "")
+            await _send(conn, stream, 401, {"error": {"message": f"Incorrect API key "
+                                                                  f"provided: {key}"}})
+            return True
+        if mode == "malformed":
+            await _send_raw(conn, stream, 200, b'{"choices": [ {"message": ')
+            return True
+        body = _envelope(anthropic, self._content(mode))
+        if mode == "truncated":
+            conn_bytes = conn.send(h11.Response(status_code=200, headers=[
+                ("content-type", "application/json"), ("content-length", str(len(body)))]))
+            await stream.send_all((conn_bytes or b"") + body[: len(body) // 2])
+            return False
+        if mode == "drip":
+            head = conn.send(h11.Response(status_code=200, headers=[
+                ("content-type", "application/json"), ("content-length", str(len(body)))]))
+            await stream.send_all(head or b"")
+            for i in range(len(body)):
+                await stream.send_all(conn.send(h11.Data(data=body[i:i + 1])) or b"")
+                await trio.sleep(self.drip_interval_s)
+            await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
+            return True
+        await _send_raw(conn, stream, 200, body)
+        return True
+
+    def _content(self, mode: str) -> str:
+        answer = json.dumps(self.answer)
+        return {
+            "empty": "",
+            "fenced": f"```json\n{answer}\n```",
+            "prose": f"Here is the JSON you asked for: {answer}",
+            "extra_keys": json.dumps({**self.answer, "confidence": 0.9}),
+            "list": json.dumps([self.answer]),
+            "oversized": json.dumps({**self.answer, "padding": "x" * (3 * 1024 * 1024)}),
+        }.get(mode, answer)
+
+
+def _envelope(anthropic: bool, content: str) -> bytes:
+    if anthropic:
+        doc: dict[str, Any] = {
+            "id": "msg_loopback", "type": "message", "role": "assistant", "model": "loopback",
+            "content": [{"type": "text", "text": content}], "stop_reason": "end_turn",
+            "stop_sequence": None, "usage": {"input_tokens": 10, "output_tokens": 10}}
+    else:
+        doc = {"id": "chatcmpl-loopback", "object": "chat.completion",
+               "created": int(time.time()), "model": "loopback",
+               "choices": [{"index": 0, "message": {"role": "assistant", "content": content,
+                                                    "refusal": None},
+                            "finish_reason": "stop", "logprobs": None}],
+               "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20}}
+    return json.dumps(doc).encode()
+
+
+async def _read_request(conn: h11.Connection, stream: trio.SocketStream,
+                        ) -> tuple[h11.Request, bytes] | None:
+    request: h11.Request | None = None
+    body = bytearray()
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(await stream.receive_some(65536))
+            continue
+        if isinstance(event, h11.Request):
+            request = event
+        elif isinstance(event, h11.Data):
+            body += event.data
+        elif isinstance(event, h11.EndOfMessage):
+            assert request is not None
+            return request, bytes(body)
+        elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
+            return None
+
+
+async def _send(conn: h11.Connection, stream: trio.SocketStream, status: int, doc: Any,
+                extra: list[tuple[str, str]] | None = None) -> None:
+    await _send_raw(conn, stream, status, json.dumps(doc).encode(), extra)
+
+
+async def _send_raw(conn: h11.Connection, stream: trio.SocketStream, status: int, body: bytes,
+                    extra: list[tuple[str, str]] | None = None) -> None:
+    headers = [("content-type", "application/json"), ("content-length", str(len(body))),
+               *(extra or [])]
+    data = conn.send(h11.Response(status_code=status, headers=headers)) or b""
+    data += conn.send(h11.Data(data=body)) or b""
+    data += conn.send(h11.EndOfMessage()) or b""
+    await stream.send_all(data)
+
+
+def dead_port() -> int:
+    """A loopback port with nothing listening: connecting is refused."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

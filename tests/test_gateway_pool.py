@@ -1,0 +1,241 @@
+"""The gateway-pool actor: ordered failover, cooldown, limiter, Retry-After, cancellation."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+
+import httpx
+import pytest
+import trio
+
+from actors import open_gateway
+from engine import FailureClass, GatewayConfig, RoundStatus
+from tests.gateway_helpers import ENV, FAST, SECRET, dump, provider, request
+from tests.loopback import LoopbackServer, dead_port
+
+U, C, INV, S = (FailureClass.UNAVAILABLE, FailureClass.CONFIGURATION,
+              FailureClass.INVALID_ANSWER, FailureClass.SKIPPED)
+
+
+async def _servers(nursery: trio.Nursery, *modes: str) -> list[LoopbackServer]:
+    out = []
+    for mode in modes:
+        srv = LoopbackServer(default_mode=mode, retry_after="0")
+        await nursery.start(srv.serve)
+        out.append(srv)
+    return out
+
+
+def _url(mode: str, srv: LoopbackServer) -> str:
+    return f"http://127.0.0.1:{dead_port()}/v1" if mode == "refuse" else srv.openai_url
+
+
+class TestOrderedFailover:
+    @pytest.mark.parametrize(("modes", "status", "winner", "trail"), [
+        (("refuse", "503", "ok"), RoundStatus.ANSWER, "p3",
+         [("p1", U), ("p1", U), ("p2", U), ("p2", U), ("p3", None)]),
+        (("401", "refuse", "ok"), RoundStatus.ANSWER, "p3",
+         [("p1", C), ("p2", U), ("p2", U), ("p3", None)]),
+        (("401", "404", "400"), RoundStatus.CONFIGURATION, None,
+         [("p1", C), ("p2", C), ("p3", C)]),
+        (("refuse", "401", "502"), RoundStatus.UNAVAILABLE, None,
+         [("p1", U), ("p1", U), ("p2", C), ("p3", U), ("p3", U)]),
+        (("empty", "ok", "ok"), RoundStatus.INVALID_ANSWER, "p1", [("p1", INV)]),
+        (("429-long", "ok", "ok"), RoundStatus.ANSWER, "p2", [("p1", U), ("p2", None)]),
+        (("ok", "refuse", "refuse"), RoundStatus.ANSWER, "p1", [("p1", None)]),
+    ])
+    async def test_combination(self, nursery: trio.Nursery, modes: tuple[str, ...],
+                               status: RoundStatus, winner: str | None,
+                               trail: list[tuple[str, FailureClass | None]]) -> None:
+        """Providers are tried in order; retries, failover and the attempt list follow the
+        failure classes; an invalid answer stops the round without failover."""
+        servers = await _servers(nursery, *modes)
+        providers = [provider(f"p{i + 1}", "openai", _url(m, s))
+                     for i, (m, s) in enumerate(zip(modes, servers, strict=True))]
+        async with open_gateway(providers, FAST, environ=ENV) as gw:
+            outcome = await gw.round(request())
+        assert outcome.status is status, dump(outcome)
+        assert outcome.provider == winner
+        assert [(a.provider, a.failure) for a in outcome.attempts] == trail
+        assert [a.attempt for a in outcome.attempts] == list(range(1, len(trail) + 1))
+        for i, srv in enumerate(servers):  # providers after the deciding one were not called
+            called = any(a.provider == f"p{i + 1}" for a in outcome.attempts)
+            assert called or not srv.requests
+        assert SECRET not in dump(outcome)
+
+
+def _mock(handler: object) -> httpx.MockTransport:
+    return httpx.MockTransport(handler)  # type: ignore[arg-type]
+
+
+def _ok_response(request: httpx.Request) -> httpx.Response:
+    content = json.dumps({"summary": "ok", "items": []})
+    return httpx.Response(200, json={"choices": [{"message": {"content": content}}]})
+
+
+class TestCooldown:
+    async def test_skipped_while_cooling_then_probed(self, autojump_clock: object) -> None:
+        """After N consecutive unavailable attempts a provider is skipped (recorded as
+        skipped) for the cool-down, then probed once; a success resets it."""
+        state = {"down": True}
+
+        async def flaky(request: httpx.Request) -> httpx.Response:
+            await trio.sleep(0.1)
+            return httpx.Response(503) if state["down"] else _ok_response(request)
+
+        cfg = GatewayConfig(cooldown_after=3, cooldown_s=60, backoff_base_s=1, backoff_max_s=1)
+        providers = [provider("a", "openai", "http://a.invalid/v1", retries=0),
+                     provider("b", "openai", "http://b.invalid/v1", retries=0)]
+        transports = {"a": _mock(flaky), "b": _mock(_ok_response)}
+        async with open_gateway(providers, cfg, transports=transports, environ=ENV) as gw:
+            trails = []
+            for _ in range(4):
+                out = await gw.round(request())
+                assert out.status is RoundStatus.ANSWER and out.provider == "b"
+                trails.append([(a.provider, a.failure) for a in out.attempts])
+            assert trails[:3] == [[("a", U), ("b", None)]] * 3
+            assert trails[3] == [("a", S), ("b", None)]
+            assert "cooling down" in out.attempts[0].error
+            await trio.sleep(61)
+            out = await gw.round(request())  # probed once, fails, cools again at once
+            assert [(a.provider, a.failure) for a in out.attempts] == [("a", U), ("b", None)]
+            out = await gw.round(request())
+            assert out.attempts[0].failure is S
+            state["down"] = False
+            await trio.sleep(61)
+            out = await gw.round(request())
+            assert out.provider == "a"
+            assert gw.pool.states[0].consecutive_unavailable == 0
+
+    async def test_all_cooling_is_unavailable(self, autojump_clock: object) -> None:
+        """A round in which every provider is cooling down reports unavailability."""
+        async def down(request: httpx.Request) -> httpx.Response:
+            return httpx.Response(503)
+
+        cfg = GatewayConfig(cooldown_after=1, cooldown_s=60)
+        async with open_gateway([provider("a", "openai", "http://a.invalid/v1", retries=0)],
+                                cfg, transports={"a": _mock(down)}, environ=ENV) as gw:
+            await gw.round(request())
+            out = await gw.round(request())
+        assert out.status is RoundStatus.UNAVAILABLE
+        assert [a.failure for a in out.attempts] == [S]
+
+
+class TestRetryAfterAndBackoff:
+    async def test_retry_after_honoured_in_virtual_time(self, autojump_clock: object) -> None:
+        """A Retry-After under the cap is slept (in virtual time) before the retry."""
+        calls: list[float] = []
+
+        async def limited(request: httpx.Request) -> httpx.Response:
+            calls.append(trio.current_time())
+            if len(calls) == 1:
+                return httpx.Response(429, headers={"retry-after": "7"})
+            return _ok_response(request)
+
+        async with open_gateway([provider("a", "openai", "http://a.invalid/v1")],
+                                GatewayConfig(), transports={"a": _mock(limited)},
+                                environ=ENV) as gw:
+            out = await gw.round(request())
+        assert out.status is RoundStatus.ANSWER
+        assert calls[1] - calls[0] == pytest.approx(7.0)
+        assert out.attempts[0].retry_after_s == 7.0
+
+    async def test_long_retry_after_moves_on_without_sleeping(self,
+                                                              autojump_clock: object) -> None:
+        """A Retry-After over the cap makes the provider unavailable for the round: no sleep."""
+        async def limited(request: httpx.Request) -> httpx.Response:
+            return httpx.Response(429, headers={"retry-after-ms": "120000"})
+
+        start = trio.current_time()
+        async with open_gateway([provider("a", "openai", "http://a.invalid/v1", retries=5),
+                                 provider("b", "openai", "http://b.invalid/v1")],
+                                GatewayConfig(retry_after_cap_s=30),
+                                transports={"a": _mock(limited), "b": _mock(_ok_response)},
+                                environ=ENV) as gw:
+            out = await gw.round(request())
+        assert out.provider == "b" and len(out.attempts) == 2
+        assert trio.current_time() - start < 1.0
+
+    async def test_backoff_is_bounded(self, autojump_clock: object) -> None:
+        """Backoff between retries is exponential with jitter and never above the maximum."""
+        calls: list[float] = []
+
+        async def down(request: httpx.Request) -> httpx.Response:
+            calls.append(trio.current_time())
+            return httpx.Response(502)
+
+        cfg = GatewayConfig(backoff_base_s=1, backoff_max_s=4, cooldown_after=100)
+        async with open_gateway([provider("a", "openai", "http://a.invalid/v1", retries=6)],
+                                cfg, transports={"a": _mock(down)}, environ=ENV,
+                                rng=random.Random(3)) as gw:
+            out = await gw.round(request())
+        gaps = [b - a for a, b in itertools.pairwise(calls)]
+        assert len(out.attempts) == 7 and len(gaps) == 6
+        assert all(0 <= g <= min(4, 2 ** i) + 1e-9 for i, g in enumerate(gaps))
+
+
+class TestLimiter:
+    async def test_concurrency_capped_per_provider(self, autojump_clock: object) -> None:
+        """max_concurrency bounds in-flight requests per provider; the rest queue."""
+        live = {"now": 0, "peak": 0}
+
+        async def slow(request: httpx.Request) -> httpx.Response:
+            live["now"] += 1
+            live["peak"] = max(live["peak"], live["now"])
+            await trio.sleep(10)
+            live["now"] -= 1
+            return _ok_response(request)
+
+        start = trio.current_time()
+        async with open_gateway([provider("a", "openai", "http://a.invalid/v1",
+                                          max_concurrency=2, timeout_s=100)], GatewayConfig(),
+                                transports={"a": _mock(slow)}, environ=ENV) as gw, \
+                trio.open_nursery() as nursery:
+            for _ in range(6):
+                nursery.start_soon(gw.round, request())
+        assert live["peak"] == 2
+        assert trio.current_time() - start == pytest.approx(30, abs=0.5)
+
+
+class TestCancellation:
+    async def test_cancelled_requesters_leak_no_slot(self, nursery: trio.Nursery) -> None:
+        """Requesters cancelled at many points mid-request release their limiter slots and
+        connections; the pool keeps serving others."""
+        srv = LoopbackServer(default_mode="drip", drip_interval_s=0.01)
+        await nursery.start(srv.serve)
+        rng = random.Random(11)
+        p = provider("a", "openai", srv.openai_url, max_concurrency=3, timeout_s=30)
+        async with open_gateway([p], GatewayConfig(max_connections=3), environ=ENV) as gw:
+            limiter = gw.pool.states[0].limiter
+            for _ in range(30):
+                with trio.move_on_after(rng.uniform(0.0, 0.05)):
+                    await gw.round(request())
+            await trio.sleep(0.05)  # let cancelled rounds unwind
+            assert limiter.borrowed_tokens == 0
+            srv.default_mode = "ok"
+            with trio.fail_after(5):  # would hang if connections or slots had leaked
+                async with trio.open_nursery() as inner:
+                    for _ in range(6):
+                        inner.start_soon(gw.round, request())
+            assert limiter.borrowed_tokens == 0
+        assert len(srv.requests) > 6
+
+    async def test_shutdown_closes_clients(self, nursery: trio.Nursery) -> None:
+        """Leaving open_gateway closes every provider client."""
+        srv = LoopbackServer()
+        await nursery.start(srv.serve)
+        async with open_gateway([provider("a", "openai", srv.openai_url)], FAST,
+                                environ=ENV) as gw:
+            await gw.round(request())
+            client = gw.pool.states[0].client
+        assert client is not None and client.is_closed
+
+    async def test_missing_api_key_is_configuration(self) -> None:
+        """An unset api_key_env is a configuration failure: nothing is sent."""
+        async with open_gateway([provider("a", "openai", "http://127.0.0.1:9/v1")], FAST,
+                                environ={}) as gw:
+            out = await gw.round(request())
+        assert out.status is RoundStatus.CONFIGURATION
+        assert out.attempts[0].detail == "missing_api_key"

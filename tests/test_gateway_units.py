@@ -1,0 +1,130 @@
+"""Pure pieces of the gateway: contracted JSON, Retry-After, classes, redaction, fixtures."""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+from pathlib import Path
+
+import httpx
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from actors import open_gateway
+from engine import (
+    FailureClass,
+    InvalidAnswer,
+    ProviderConfig,
+    Redactor,
+    RoundStatus,
+    backoff_delay,
+    parse_contracted_json,
+    retry_after_seconds,
+)
+from engine._gateway import classify_exception, classify_status
+from tests.gateway_helpers import FAST, request
+
+
+class TestContractedJson:
+    @pytest.mark.parametrize("content", [
+        '{"a": 1}', '  {"a": 1}\n', '```json\n{"a": 1}\n```', '```\n{"a": 1}\n```',
+        '\n ```json\n{"a": 1}\n```  \n'])
+    def test_accepted(self, content: str) -> None:
+        """One object, bare or in a single fence with only whitespace around it."""
+        assert parse_contracted_json(content) == {"a": 1}
+
+    @pytest.mark.parametrize(("content", "detail"), [
+        ("", "empty_content"), ("   ", "empty_content"), ('[{"a": 1}]', "not_an_object"),
+        ('"text"', "not_an_object"), ('{"a": 1} {"b": 2}', "not_json"),
+        ('Sure! {"a": 1}', "not_json"), ('```json\n{"a": 1}\n``` thanks', "not_json"),
+        ('```json\n{"a": 1}\n```\n```json\n{"b": 2}\n```', "not_json"), ("{bad", "not_json")])
+    def test_refused(self, content: str, detail: str) -> None:
+        """Prose around it, two objects, lists and scalars are invalid answers."""
+        with pytest.raises(InvalidAnswer) as info:
+            parse_contracted_json(content)
+        assert info.value.detail == detail
+
+    @given(st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5)))
+    def test_any_object_round_trips(self, doc: dict[str, object]) -> None:
+        """Any JSON object, fenced or not, parses back to itself."""
+        raw = json.dumps(doc)
+        assert parse_contracted_json(raw) == doc
+        assert parse_contracted_json(f"```json\n{raw}\n```") == doc
+
+
+class TestRetryAfter:
+    def test_forms(self) -> None:
+        """Seconds, milliseconds (preferred) and HTTP dates; garbage is ignored."""
+        now = datetime(2026, 11, 30, tzinfo=UTC)
+        assert retry_after_seconds({"Retry-After": "12"}) == 12.0
+        assert retry_after_seconds({"retry-after-ms": "250", "retry-after": "9"}) == 0.25
+        when = format_datetime(now + timedelta(seconds=90), usegmt=True)
+        assert retry_after_seconds({"retry-after": when}, now=now) == pytest.approx(90)
+        assert retry_after_seconds({"retry-after": "soon"}) is None
+        assert retry_after_seconds({}) is None
+        assert retry_after_seconds({"retry-after": "-5"}) == 0.0
+
+    @given(st.integers(min_value=0, max_value=20), st.integers(min_value=0, max_value=2**32))
+    def test_backoff_within_bounds(self, n: int, seed: int) -> None:
+        """Backoff never exceeds min(max, base * 2**n) and is never negative."""
+        d = backoff_delay(n, 0.5, 8.0, random.Random(seed))
+        assert 0 <= d <= min(8.0, 0.5 * 2 ** n)
+
+
+class TestClasses:
+    @pytest.mark.parametrize(("status", "cls"), [
+        (200, None), (201, None), (408, FailureClass.UNAVAILABLE),
+        (429, FailureClass.UNAVAILABLE), (500, FailureClass.UNAVAILABLE),
+        (503, FailureClass.UNAVAILABLE), (599, FailureClass.UNAVAILABLE),
+        (400, FailureClass.CONFIGURATION), (401, FailureClass.CONFIGURATION),
+        (403, FailureClass.CONFIGURATION), (404, FailureClass.CONFIGURATION),
+        (422, FailureClass.CONFIGURATION), (301, FailureClass.CONFIGURATION)])
+    def test_status(self, status: int, cls: FailureClass | None) -> None:
+        """Classification is by status code, per the contract."""
+        assert classify_status(status) is cls
+
+    def test_exceptions(self) -> None:
+        """Transport errors are unavailability; a bad URL scheme is configuration."""
+        assert classify_exception(httpx.ConnectError("x")) is FailureClass.UNAVAILABLE
+        assert classify_exception(httpx.ReadTimeout("x")) is FailureClass.UNAVAILABLE
+        assert classify_exception(httpx.UnsupportedProtocol("x")) is FailureClass.CONFIGURATION
+
+
+class TestRedactor:
+    def test_urls_headers_and_text(self) -> None:
+        """Key-like query parameters, URL credentials, secret headers and echoed values."""
+        r = Redactor(["sk-abcdef123456"])
+        url = r.url("https://u:pw@h.example/v1?key=zzz&api_key=yyy&model=m&token=t")
+        assert "zzz" not in url and "yyy" not in url and "pw" not in url and "model=m" in url
+        h = r.headers({"Authorization": "Bearer sk-abcdef123456", "X-Api-Key": "k",
+                       "content-type": "application/json", "x-echo": "sk-abcdef123456"})
+        assert h == {"authorization": "[REDACTED]", "x-api-key": "[REDACTED]",
+                     "content-type": "application/json", "x-echo": "[REDACTED]"}
+        assert r.text("key is sk-abcdef123456.") == "key is [REDACTED]."
+
+
+class TestFixtureProvider:
+    async def test_answers_from_files(self, tmp_path: Path) -> None:
+        """Keyed by prompt id and case (else default.json); deterministic; missing is a
+        configuration failure; off-contract content is an invalid answer."""
+        base = tmp_path / "fixtures" / "hypotheses_v1"
+        base.mkdir(parents=True)
+        (base / "BUG-20.json").write_text('```json\n{"summary": "s", "items": []}\n```')
+        (base / "default.json").write_text('{"summary": "d", "items": [], "x": 1}')
+        p = ProviderConfig(name="fx", kind="fixture", path=str(tmp_path / "fixtures"))
+        async with open_gateway([p], FAST) as gw:
+            one = await gw.round(request("BUG-20"))
+            two = await gw.round(request("BUG-20"))
+            other = await gw.round(request("BUG-99"))
+        assert one.status is RoundStatus.ANSWER and one.parsed == {"summary": "s", "items": []}
+        assert one.parsed == two.parsed and one.content == two.content
+        assert other.status is RoundStatus.INVALID_ANSWER
+        assert other.attempts[0].detail == "contract_violation"
+        missing = ProviderConfig(name="fx", kind="fixture", path=str(tmp_path / "nowhere"))
+        async with open_gateway([missing], FAST) as gw:
+            none = await gw.round(request("BUG-20"))
+        assert none.status is RoundStatus.CONFIGURATION
+        assert none.attempts[0].detail == "fixture_missing"

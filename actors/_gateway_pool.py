@@ -52,10 +52,20 @@ CLOSE_TIMEOUT_S = 5.0
 class ProviderState:
     config: ProviderConfig
     limiter: trio.CapacityLimiter
-    client: httpx.AsyncClient | None
+    shards: list[httpx.AsyncClient]
     secret: str | None
+    in_flight: list[int] = attrs.field(factory=list)
     consecutive_unavailable: int = 0
     cooldown_until: float = -math.inf
+
+    @property
+    def client(self) -> httpx.AsyncClient | None:
+        return self.shards[0] if self.shards else None
+
+    def pick_shard(self) -> int:
+        """The least-loaded client. With the limiter at max_concurrency and each shard
+        holding max_connections, a request never waits inside an httpcore pool."""
+        return min(range(len(self.shards)), key=self.in_flight.__getitem__)
 
 
 class GatewayPool:
@@ -74,14 +84,20 @@ class GatewayPool:
             secret = env.get(p.api_key_env) if p.api_key_env else None
             if secret:
                 self.redactor.add(secret)
-            client = None if p.kind == "fixture" else self._client(p, (transports or {}).get(
-                p.name))
+            # httpcore's pool scans every connection on every event, so its CPU cost grows
+            # with connections x waiters (ARCHITECTURE.md; bench/gateway.py: 128 connections
+            # in one client ran at 0.17x plain httpx). So: at most max_connections per client,
+            # as many clients ("shards") as max_concurrency needs, requests queued in the
+            # limiter and sent to the least-loaded shard.
+            shards = [] if p.kind == "fixture" else [
+                self._client(p, min(p.max_concurrency, config.max_connections),
+                             (transports or {}).get(p.name))
+                for _ in range(math.ceil(p.max_concurrency / config.max_connections))]
             self.states.append(ProviderState(p, trio.CapacityLimiter(p.max_concurrency),
-                                             client, secret))
+                                             shards, secret, [0] * len(shards)))
 
-    def _client(self, p: ProviderConfig, transport: httpx.AsyncBaseTransport | None,
-                ) -> httpx.AsyncClient:
-        connections = min(self.config.max_connections, p.max_concurrency)
+    def _client(self, p: ProviderConfig, connections: int,
+                transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
         return httpx.AsyncClient(
             timeout=httpx.Timeout(p.timeout_s, connect=min(self.config.connect_timeout_s,
                                                           p.timeout_s)),
@@ -92,8 +108,8 @@ class GatewayPool:
     async def aclose(self) -> None:
         with trio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
             for state in self.states:
-                if state.client is not None:
-                    await state.client.aclose()
+                for client in state.shards:
+                    await client.aclose()
 
     async def run_round(self, request: RoundRequest) -> RoundOutcome:
         attempts: list[AuditRecord] = []
@@ -152,11 +168,15 @@ class GatewayPool:
                 detail="missing_api_key",
                 error=f"environment variable {p.api_key_env} is not set"))
         call = build_call(p, state.secret, request.prompt)
-        assert state.client is not None
         async with state.limiter:
             started, started_at = time.monotonic(), _now()
-            with trio.move_on_after(p.timeout_s):
-                return await http_attempt(state.client, call, ctx)
+            shard = state.pick_shard()
+            state.in_flight[shard] += 1
+            try:
+                with trio.move_on_after(p.timeout_s):
+                    return await http_attempt(state.shards[shard], call, ctx)
+            finally:
+                state.in_flight[shard] -= 1
         return AttemptResult(make_record(
             ctx, call, started, started_at, failure=FailureClass.UNAVAILABLE,
             detail="total_deadline", error=f"no complete answer within timeout_s={p.timeout_s}"))

@@ -199,6 +199,41 @@ class TestLimiter:
         assert trio.current_time() - start == pytest.approx(30, abs=0.5)
 
 
+class TestShards:
+    async def test_requests_never_wait_inside_a_pool(self, autojump_clock: object) -> None:
+        """max_concurrency above max_connections is served by several clients, each with at
+        most max_connections in flight; the limiter holds the rest."""
+        per_client: dict[int, int] = {}
+        peak: dict[int, int] = {}
+
+        async def slow(request: httpx.Request) -> httpx.Response:
+            await trio.sleep(5)
+            return _ok_response(request)
+
+        cfg = GatewayConfig(max_connections=4)
+        p = provider("a", "openai", "http://a.invalid/v1", max_concurrency=10, timeout_s=100)
+        async with open_gateway([p], cfg, transports={"a": _mock(slow)}, environ=ENV) as gw:
+            state = gw.pool.states[0]
+            assert len(state.shards) == 3
+
+            async def watch() -> None:
+                while True:
+                    for i, n in enumerate(state.in_flight):
+                        per_client[i] = n
+                        peak[i] = max(peak.get(i, 0), n)
+                    await trio.sleep(0.5)
+
+            async with trio.open_nursery() as outer:
+                outer.start_soon(watch)
+                async with trio.open_nursery() as nursery:
+                    for _ in range(25):
+                        nursery.start_soon(gw.round, request())
+                outer.cancel_scope.cancel()
+            assert max(peak.values()) <= 4
+            assert sum(peak.values()) >= 10  # the limiter's 10 slots were all used
+            assert state.in_flight == [0, 0, 0] and state.limiter.borrowed_tokens == 0
+
+
 class TestCancellation:
     async def test_cancelled_requesters_leak_no_slot(self, nursery: trio.Nursery) -> None:
         """Requesters cancelled at many points mid-request release their limiter slots and
@@ -214,6 +249,7 @@ class TestCancellation:
                     await gw.round(request())
             await trio.sleep(0.05)  # let cancelled rounds unwind
             assert limiter.borrowed_tokens == 0
+            assert gw.pool.states[0].in_flight == [0]
             srv.default_mode = "ok"
             with trio.fail_after(5):  # would hang if connections or slots had leaked
                 async with trio.open_nursery() as inner:

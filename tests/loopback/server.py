@@ -144,15 +144,20 @@ class LoopbackServer:
         return True
 
     def _content(self, mode: str) -> str:
-        answer = json.dumps(self.answer)
-        return {
-            "empty": "",
-            "fenced": f"```json\n{answer}\n```",
-            "prose": f"Here is the JSON you asked for: {answer}",
-            "extra_keys": json.dumps({**self.answer, "confidence": 0.9}),
-            "list": json.dumps([self.answer]),
-            "oversized": json.dumps({**self.answer, "padding": "x" * (3 * 1024 * 1024)}),
-        }.get(mode, answer)
+        answer = self.answer
+        if mode == "empty":
+            return ""
+        if mode == "fenced":
+            return f"```json\n{json.dumps(answer)}\n```"
+        if mode == "prose":
+            return f"Here is the JSON you asked for: {json.dumps(answer)}"
+        if mode == "extra_keys":
+            return json.dumps({**answer, "confidence": 0.9})
+        if mode == "list":
+            return json.dumps([answer])
+        if mode == "oversized":
+            return json.dumps({**answer, "padding": "x" * (3 * 1024 * 1024)})
+        return json.dumps(answer)
 
 
 def _envelope(anthropic: bool, content: str) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import statistics
@@ -49,3 +50,13 @@ def write_json(name: str, payload: dict[str, Any]) -> Path:
     path.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"\nresults written to {path}")
     return path
+
+
+def parse_args(doc: str | None, list_flag: str, list_default: str) -> argparse.Namespace:
+    """The options every benchmark shares: --seconds, --repeats and one comma list."""
+    ap = argparse.ArgumentParser(description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(f"--{list_flag}", default=list_default)
+    return ap.parse_args()

@@ -12,7 +12,6 @@ when the first provider refuses connections. Medians of ``--repeats`` runs.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import subprocess
@@ -29,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from actors import open_gateway  # noqa: E402
-from bench._common import median, percentile, print_table, write_json  # noqa: E402
+from bench._common import median, parse_args, percentile, print_table, write_json  # noqa: E402
 from engine import GatewayConfig, Prompt, ProviderConfig, RoundRequest, RoundStatus  # noqa: E402
 from tests.loopback import dead_port  # noqa: E402
 
@@ -131,12 +130,7 @@ def _medians(results: list[dict[str, float]]) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seconds", type=float, default=3.0)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--concurrency", default="1,32,128")
-    args = ap.parse_args()
+    args = parse_args(__doc__, "concurrency", "1,32,128")
     levels = [int(c) for c in args.concurrency.split(",")]
     runs: dict[tuple[int, int, str], list[dict[str, float]]] = {}
     fail: list[dict[str, float]] = []

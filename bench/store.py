@@ -11,7 +11,6 @@ same run. Every configuration runs ``--repeats`` times; medians are reported.
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import sqlite3
@@ -26,7 +25,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from actors import open_store
-from bench._common import median, percentile, print_table, write_json
+from bench._common import median, parse_args, percentile, print_table, write_json
 from engine import BytesSource, Change, PublishRequest, new_package_id
 
 BASE_FILES = 14  # with the 3 rotating blobs: ~17 entries, a ~2 KiB manifest
@@ -100,12 +99,7 @@ async def publisher_run(root: Path, publishers: int, seconds: float,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seconds", type=float, default=3.0)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--publishers", default="1,16,256")
-    args = ap.parse_args()
+    args = parse_args(__doc__, "publishers", "1,16,256")
     counts = [int(x) for x in args.publishers.split(",")]
     raw_rates: list[float] = []
     runs: dict[tuple[int, bool], list[dict[str, Any]]] = {}

@@ -18,6 +18,17 @@ def _intake(cli: Cli, sample: Path, store: Path) -> None:
     assert r.code == 0, r.err
 
 
+def _intake_large_blob(cli: Cli, tmp: Path, store: Path, case_id: str) -> None:
+    """A case whose attachment is over the inline threshold, so it is a blob file."""
+    report = tmp / "r.txt"
+    report.write_text("t\n")
+    big = tmp / "big.bin"
+    big.write_bytes(os.urandom(300_000))
+    r = cli("intake", "--store", store, "--report", report, "--case-id", case_id,
+            "--attach", big)
+    assert r.code == 0, r.err
+
+
 def _sql(store: Path, stmt: str, *params: object) -> None:
     conn = sqlite3.connect(store / "store.sqlite3")
     conn.execute(stmt, params)
@@ -51,12 +62,7 @@ class TestVerify:
     def test_corrupt_and_missing_blob_files(self, cli: Cli, tmp_path: Path,
                                             store_dir: Path) -> None:
         """A changed or deleted large blob file is reported."""
-        report = tmp_path / "r.txt"
-        report.write_text("t\n")
-        big = tmp_path / "big.bin"
-        big.write_bytes(os.urandom(300_000))
-        cli("intake", "--store", store_dir, "--report", report, "--case-id", "V-1",
-            "--attach", big)
+        _intake_large_blob(cli, tmp_path, store_dir, "V-1")
         files = list(BlobFiles(store_dir).iter_files())
         assert len(files) == 1
         path = files[0][1]
@@ -91,12 +97,7 @@ class TestGc:
     def test_removes_old_orphans_keeps_referenced_and_young(self, cli: Cli, tmp_path: Path,
                                                             store_dir: Path) -> None:
         """gc removes unreferenced blob files older than --min-age, nothing else."""
-        report = tmp_path / "r.txt"
-        report.write_text("t\n")
-        big = tmp_path / "big.bin"
-        big.write_bytes(os.urandom(300_000))
-        cli("intake", "--store", store_dir, "--report", report, "--case-id", "G-1",
-            "--attach", big)
+        _intake_large_blob(cli, tmp_path, store_dir, "G-1")
         store = SqliteStore.open(store_dir, create=False)
         orphan: BlobSource = BytesSource.of(os.urandom(300_000))
         young: BlobSource = BytesSource.of(os.urandom(300_000))

@@ -187,3 +187,43 @@ class TestCheckpointer:
         assert 2 <= len(calls) <= 5
         assert all(busy == 0 for busy, _, _ in calls)
         assert any(done > 0 for _, _, done in calls)
+
+    async def test_wal_is_restarted_under_continuous_writes(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Under writers that never pause the WAL stays bounded: passive checkpoints alone
+        never catch the tail, so a RESTART pass follows once it passes WAL_RESTART_BYTES."""
+        import actors._publisher as publisher
+        import engine._store._sqlite as sqlite_store
+
+        monkeypatch.setattr(publisher, "CHECKPOINT_BYTES", 256_000)
+        monkeypatch.setattr(sqlite_store, "WAL_RESTART_BYTES", 1_000_000)
+        monkeypatch.setattr(sqlite_store, "WAL_SIZE_LIMIT", 1_000_000)
+        peak = 0
+        written = 0
+        async with open_store(tmp_path) as store:
+            deadline = trio.current_time() + 2.0
+
+            async def writer(w: int) -> None:
+                nonlocal written
+                pkg = new_package_id()
+                head = None
+                i = 0
+                while trio.current_time() < deadline:
+                    change = Change(files={f"d/{i % 3}": BytesSource.of(
+                        f"{w}:{i}:".encode() * 1000)}, phase="INTAKE" if head is None else None)
+                    out = await store.publish(PublishRequest(pkg, f"R-{w}", head, change))
+                    head, i = out.generation, i + 1
+                    written += 7000
+
+            async def watch() -> None:
+                nonlocal peak
+                while trio.current_time() < deadline:
+                    peak = max(peak, store.store.wal_bytes())
+                    await trio.sleep(0.02)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch)
+                for w in range(64):
+                    nursery.start_soon(writer, w)
+        assert written > 20_000_000, "the writers did not keep the WAL busy"
+        assert 0 < peak < 12_000_000, (peak, written)

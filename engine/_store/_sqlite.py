@@ -43,6 +43,8 @@ STORE_FORMAT = "viano-store/1"
 INLINE_THRESHOLD = 256 * 1024
 PAGE_SIZE = 32 * 1024
 WAL_SIZE_LIMIT = 64 * 1024 * 1024
+WAL_RESTART_BYTES = 64 * 1024 * 1024
+CACHE_KIB = 65536  # per connection; the 2 MiB default holds only 62 pages of 32 KiB
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -140,6 +142,7 @@ class SqliteStore:
             conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA busy_timeout=30000")
+            conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
         except sqlite3.Error as exc:
             raise StorageError(f"cannot open {self.db_path}: {exc}",
                                reason="store_unavailable") from exc
@@ -186,14 +189,41 @@ class SqliteStore:
         on the critical path (measured: +28% publications/s without)."""
         self.writer.execute("PRAGMA wal_autocheckpoint=0")
 
-    def checkpoint(self) -> tuple[int, int, int]:
-        """A PASSIVE checkpoint on its own connection: never blocks the writer or readers.
-        Returns SQLite's (busy, wal frames, frames checkpointed)."""
+    def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
+        """A checkpoint on its own connection; returns SQLite's (busy, wal frames, frames
+        checkpointed).
+
+        PASSIVE copies the bulk of the WAL into the database without blocking anyone, but
+        never catches a busy writer's tail, so alone it never lets the WAL restart: it grew
+        to 2.6 GB in 12 s and throughput fell from 6,400 to 2,900 publications/s as page
+        lookups searched a growing WAL index. RESTART, run while no commit is in flight (the
+        publisher holds it off), copies the little that is left and makes the next commit
+        start the WAL afresh. A reader elsewhere holding an old snapshot makes RESTART give
+        up after 200 ms (``busy`` = 1) rather than stall the publisher."""
+        if mode not in ("PASSIVE", "RESTART"):
+            raise ValueError(f"unsupported checkpoint mode {mode!r}")
         if self._checkpointer is None:
             self._checkpointer = self._connect()
+        conn = self._checkpointer
         with _translate("checkpoint the write-ahead log"):
-            row = self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            if mode == "PASSIVE":
+                row = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            else:
+                conn.execute("PRAGMA busy_timeout=200")
+                try:
+                    row = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+                finally:
+                    conn.execute("PRAGMA busy_timeout=30000")
         return int(row[0]), int(row[1]), int(row[2])
+
+    def wal_needs_restart(self) -> bool:
+        return self.wal_bytes() > WAL_RESTART_BYTES
+
+    def wal_bytes(self) -> int:
+        try:
+            return (self.root / "store.sqlite3-wal").stat().st_size
+        except FileNotFoundError:
+            return 0
 
     def close(self) -> None:
         if self._checkpointer is not None:

@@ -76,8 +76,8 @@ async def _checkpointer(store: SqliteStore, committed: AsyncValue,
     while True:
         target = done + CHECKPOINT_BYTES
         done = await committed.wait_value(lambda v, t=target: v >= t)
-        await trio.to_thread.run_sync(store.checkpoint)
-        if store.wal_needs_restart():
+        _busy, wal_frames, _done = await trio.to_thread.run_sync(store.checkpoint)
+        if store.wal_needs_restart(wal_frames):
             async with commit_lock:
                 await trio.to_thread.run_sync(store.checkpoint, "RESTART")
 

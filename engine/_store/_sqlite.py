@@ -111,6 +111,7 @@ class SqliteStore:
         self._local = threading.local()
         self._writer: sqlite3.Connection | None = None
         self._checkpointer: sqlite3.Connection | None = None
+        self._page_size: int | None = None
         self._manifest_cache: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
         self.transactions = 0
         self.bytes_committed = 0  # blob and manifest bytes, for checkpoint pacing
@@ -216,8 +217,17 @@ class SqliteStore:
                     conn.execute("PRAGMA busy_timeout=30000")
         return int(row[0]), int(row[1]), int(row[2])
 
-    def wal_needs_restart(self) -> bool:
-        return self.wal_bytes() > WAL_RESTART_BYTES
+    def wal_needs_restart(self, wal_frames: int) -> bool:
+        """From the frame count a checkpoint reported: the WAL's logical length. The file
+        size would not do, since ``journal_size_limit`` keeps the file that large after a
+        restart."""
+        return wal_frames * self.page_size > WAL_RESTART_BYTES
+
+    @property
+    def page_size(self) -> int:
+        if self._page_size is None:
+            self._page_size = int(self.writer.execute("PRAGMA page_size").fetchone()[0])
+        return self._page_size
 
     def wal_bytes(self) -> int:
         try:

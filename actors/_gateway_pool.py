@@ -206,14 +206,20 @@ class RoundMsg:
 async def run_gateway_pool(inbox: trio.MemoryReceiveChannel[RoundMsg], pool: GatewayPool, *,
                            task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
                            ) -> None:
-    """Serve rounds concurrently until the mailbox closes, then close the HTTP clients."""
+    """Serve rounds concurrently until the mailbox closes, then close the HTTP clients.
+    However it ends, a round still queued is answered (as cancelled), never left waiting."""
     try:
         async with trio.open_nursery() as nursery:
             task_status.started()
-            async with inbox:
-                async for msg in inbox:
-                    nursery.start_soon(_serve, pool, msg)
+            async for msg in inbox:
+                nursery.start_soon(_serve, pool, msg)
     finally:
+        while True:
+            try:
+                inbox.receive_nowait().done.set()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+        inbox.close()
         await pool.aclose()
 
 

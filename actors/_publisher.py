@@ -10,6 +10,7 @@ cancelled while waiting does not un-send its request: it may still commit, in fu
 
 from __future__ import annotations
 
+import logging
 import math
 
 import attrs
@@ -19,6 +20,7 @@ from trio_util import AsyncValue
 from engine import Outcome, Request, SqliteStore, StorageError
 
 CHECKPOINT_BYTES = 16 * 1024 * 1024
+log = logging.getLogger("viano.publisher")
 
 
 @attrs.define(eq=False)
@@ -42,11 +44,12 @@ async def run_publisher(inbox: trio.MemoryReceiveChannel[PublishMsg], store: Sql
     limit = max_batch if group_commit else 1
     committed = AsyncValue(0)
     commit_lock = trio.Lock()
+    batch: list[PublishMsg] = []
     await trio.to_thread.run_sync(store.move_checkpoints_off_the_commit_path)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_checkpointer, store, committed, commit_lock)
-        task_status.started()
-        async with inbox:
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_checkpointer, store, committed, commit_lock)
+            task_status.started()
             async for first in inbox:
                 batch = [first]
                 while len(batch) < limit:
@@ -61,7 +64,29 @@ async def run_publisher(inbox: trio.MemoryReceiveChannel[PublishMsg], store: Sql
                     stats.batches += 1
                     stats.requests += len(batch)
                     stats.largest_batch = max(stats.largest_batch, len(batch))
-        nursery.cancel_scope.cancel()
+            nursery.cancel_scope.cancel()
+    finally:
+        # However the actor ends, no caller is left waiting: what was taken but not
+        # answered, and what is still queued, is answered with an error (nothing of it was
+        # committed by this actor after this point).
+        _fail_unanswered(batch, inbox)
+        inbox.close()
+
+
+def _fail_unanswered(batch: list[PublishMsg], inbox: trio.MemoryReceiveChannel[PublishMsg],
+                     ) -> None:
+    stopped = StorageError("the publisher stopped before answering this request",
+                           reason="store_unavailable",
+                           hint="Check 'viano status' for what was committed, then retry.")
+    pending = [m for m in batch if not m.done.is_set()]
+    while True:
+        try:
+            pending.append(inbox.receive_nowait())
+        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+            break
+    for msg in pending:
+        msg.outcome = stopped
+        msg.done.set()
 
 
 async def _checkpointer(store: SqliteStore, committed: AsyncValue,
@@ -71,25 +96,34 @@ async def _checkpointer(store: SqliteStore, committed: AsyncValue,
     Per commit would double the fsyncs of a lone publisher (measured: 1,800 → 1,000
     publications/s); per volume keeps the checkpoint off the commit. PASSIVE runs beside
     the commits; when the WAL has grown anyway, RESTART runs holding the commit lock, so no
-    commit is in flight and the WAL starts afresh (see ``SqliteStore.checkpoint``)."""
+    commit is in flight and the WAL starts afresh (see ``SqliteStore.checkpoint``). A failed
+    checkpoint is logged and tried again later: it never stops the publisher."""
     done = 0
     while True:
         target = done + CHECKPOINT_BYTES
         done = await committed.wait_value(lambda v, t=target: v >= t)
-        _busy, wal_frames, _done = await trio.to_thread.run_sync(store.checkpoint)
-        if store.wal_needs_restart(wal_frames):
-            async with commit_lock:
-                await trio.to_thread.run_sync(store.checkpoint, "RESTART")
+        try:
+            _busy, wal_frames, _done = await trio.to_thread.run_sync(store.checkpoint)
+            if store.wal_needs_restart(wal_frames):
+                async with commit_lock:
+                    await trio.to_thread.run_sync(store.checkpoint, "RESTART")
+        except StorageError as exc:
+            log.warning("checkpoint failed, will retry: %s", exc.message)
 
 
 async def _commit(store: SqliteStore, batch: list[PublishMsg]) -> None:
     requests = [m.request for m in batch]
     with trio.CancelScope(shield=True):
         try:
-            outcomes = await trio.to_thread.run_sync(store.commit_batch, requests)
+            outcomes: list[Outcome] = await trio.to_thread.run_sync(store.commit_batch, requests)
         except StorageError as exc:
             # The transaction rolled back: nothing of this batch was written.
             outcomes = [exc] * len(batch)
+        except Exception as exc:
+            # A bug, not a refusal: fail this batch loudly, keep serving the next one.
+            log.exception("commit of a batch of %d failed", len(batch))
+            error = StorageError(f"commit failed unexpectedly ({type(exc).__name__})")
+            outcomes = [error] * len(batch)
     for msg, outcome in zip(batch, outcomes, strict=True):
         msg.outcome = outcome
         msg.done.set()

@@ -268,6 +268,33 @@ class TestCancellation:
             client = gw.pool.states[0].client
         assert client is not None and client.is_closed
 
+    async def test_queued_rounds_are_answered_when_the_pool_stops(self) -> None:
+        """Rounds still in the mailbox when the actor ends are answered, not left waiting."""
+        from actors import GatewayCancelled, GatewayHandle, GatewayPool, run_gateway_pool
+        from actors._gateway_pool import RoundMsg
+
+        pool = GatewayPool([provider("a", "openai", "http://127.0.0.1:9/v1")], FAST,
+                           environ=ENV)
+        send, recv = trio.open_memory_channel[RoundMsg](10)
+        handle = GatewayHandle(pool, send)
+        results: list[BaseException] = []
+
+        async def requester() -> None:
+            try:
+                await handle.round(request())
+            except GatewayCancelled as exc:
+                results.append(exc)
+
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                for _ in range(3):
+                    nursery.start_soon(requester)
+                await trio.sleep(0.01)  # all three are queued
+                with trio.CancelScope() as scope:
+                    scope.cancel()  # the actor is stopped before it serves anything
+                    await run_gateway_pool(recv, pool)
+        assert len(results) == 3
+
     async def test_missing_api_key_is_configuration(self) -> None:
         """An unset api_key_env is a configuration failure: nothing is sent."""
         async with open_gateway([provider("a", "openai", "http://127.0.0.1:9/v1")], FAST,

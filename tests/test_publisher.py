@@ -227,3 +227,57 @@ class TestCheckpointer:
                     nursery.start_soon(writer, w)
         assert written > 20_000_000, "the writers did not keep the WAL busy"
         assert 0 < peak < 12_000_000, (peak, written)
+
+
+class TestActorEnds:
+    async def test_no_caller_waits_forever_when_the_publisher_dies(self,
+                                                                   tmp_path: Path) -> None:
+        """A publisher that dies mid-commit answers every taken and queued request with an
+        error instead of leaving its callers waiting."""
+        from engine import SimulatedCrash, arm_crash_point
+
+        store = SqliteStore.open(tmp_path, create=True)
+        send, recv = mailbox()
+        msgs = [PublishMsg(_create(f"H-{i}")) for i in range(5)]
+        for m in msgs:
+            send.send_nowait(m)
+        arm_crash_point("txn.before_commit")
+        with pytest.RaisesGroup(SimulatedCrash):
+            await run_publisher(recv, store, max_batch=2)
+        assert all(m.done.is_set() for m in msgs)
+        assert all(isinstance(m.outcome, StorageError) for m in msgs)
+        store.close()
+
+    async def test_unexpected_error_fails_the_batch_and_keeps_serving(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A bug inside a commit fails that batch with a StorageError; the next one commits."""
+        async with open_store(tmp_path) as store:
+            real = store.store.commit_batch
+            calls = {"n": 0}
+
+            def buggy(requests: Sequence[Request]) -> list[Outcome]:
+                calls["n"] += 1
+                if calls["n"] == 1:
+                    raise KeyError("bug")
+                return real(requests)
+
+            monkeypatch.setattr(store.store, "commit_batch", buggy)
+            with pytest.raises(StorageError, match="KeyError"):
+                await store.publish(_create("B-1"))
+            assert (await store.publish(_create("B-1"))).generation == 1
+
+    async def test_checkpoint_failure_does_not_stop_the_publisher(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A failing checkpoint is logged; publications go on."""
+        import actors._publisher as publisher
+
+        def broken(self: SqliteStore, mode: str = "PASSIVE") -> tuple[int, int, int]:
+            raise StorageError("disk full (simulated)")
+
+        monkeypatch.setattr(SqliteStore, "checkpoint", broken)
+        monkeypatch.setattr(publisher, "CHECKPOINT_BYTES", 1000)
+        async with open_store(tmp_path) as store:
+            for i in range(5):
+                await store.publish(_create(f"K-{i}", bytes([i]) * 5000))
+                await trio.sleep(0.01)
+            assert store.store.case("K-4").generation == 1

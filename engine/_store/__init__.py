@@ -1,5 +1,8 @@
 """The store: SQLite + content-addressed blobs, generations, refs, lock, verify, gc."""
 
+from ._batch import ImportRequest as ImportRequest
+from ._batch import Outcome as Outcome
+from ._batch import Request as Request
 from ._blobs import BlobFiles as BlobFiles
 from ._crash import CRASH_POINTS as CRASH_POINTS
 from ._crash import SimulatedCrash as SimulatedCrash
@@ -21,9 +24,6 @@ from ._sources import ZipMemberSource as ZipMemberSource
 from ._sqlite import INLINE_THRESHOLD as INLINE_THRESHOLD
 from ._sqlite import CaseRef as CaseRef
 from ._sqlite import GenerationRow as GenerationRow
-from ._sqlite import ImportRequest as ImportRequest
-from ._sqlite import Outcome as Outcome
-from ._sqlite import Request as Request
 from ._sqlite import SqliteStore as SqliteStore
 from ._verify import VerifyReport as VerifyReport
 from ._verify import Violation as Violation

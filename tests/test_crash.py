@@ -3,6 +3,7 @@ ref is the old or the new generation, and nothing acknowledged is lost."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -129,6 +130,14 @@ class TestProcessDeath:
         assert proc.returncode == -signal.SIGKILL
         assert len(acked) >= 400, "the child never got going"
         _verify_acked(tmp_path, acked, slack=True)
+        # And the user's own check, as a process: `viano verify` exits 0 with no violation.
+        check = subprocess.run([PYTHON, "-c", "from viano_bug_analysis.cli import run; run()",
+                                "verify", "--json", "--store", str(tmp_path)],
+                               capture_output=True, text=True, env=child_env(), timeout=120,
+                               check=False)
+        assert check.returncode == 0, check.stdout + check.stderr
+        report = json.loads(check.stdout)
+        assert report["ok"] and report["cases"] >= len({case for _, case, _ in acked})
 
 
 def _verify_acked(root: Path, acked: list[list[str]], slack: bool) -> None:

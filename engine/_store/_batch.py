@@ -72,7 +72,8 @@ class BatchPlan:
             len(r[4]) for r in self.gen_rows)
         c = self.conn
         c.executemany("INSERT OR IGNORE INTO blobs (sha256, size, data) VALUES (?, ?, ?)",
-                      list(self.blob_rows.values()))
+                      [(bytes.fromhex(sha), size, data)
+                       for sha, size, data in self.blob_rows.values()])
         c.executemany("INSERT INTO generations (package_id, generation, parent, manifest_sha256, "
                       "manifest, phase, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)", self.gen_rows)
         c.executemany("INSERT INTO refs (package_id, case_id, generation, phase, analysis_revision,"

@@ -46,7 +46,8 @@ CACHE_KIB = 65536  # per connection; the 2 MiB default holds only 62 pages of 32
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS blobs (
-    sha256 TEXT PRIMARY KEY, size INTEGER NOT NULL, data BLOB);
+    sha256 BLOB PRIMARY KEY, size INTEGER NOT NULL, data BLOB);  -- 32 raw bytes: half the
+                                                                 -- index of hex text
 CREATE TABLE IF NOT EXISTS generations (
     package_id TEXT NOT NULL, generation INTEGER NOT NULL, parent INTEGER,
     manifest_sha256 TEXT NOT NULL, manifest BLOB NOT NULL,
@@ -343,8 +344,8 @@ class SqliteStore:
 
     def blob_row(self, sha256: str) -> tuple[int, bytes | None] | None:
         with _translate("read a blob"):
-            row = self.reader.execute("SELECT size, data FROM blobs WHERE sha256=?",
-                                      (sha256,)).fetchone()
+            row = self.reader.execute("SELECT size, data FROM blobs WHERE sha256=?",  # key
+                                      (bytes.fromhex(sha256),)).fetchone()
         return None if row is None else (row[0], None if row[1] is None else bytes(row[1]))
 
     def read_blob(self, sha256: str) -> bytes:
@@ -361,14 +362,6 @@ class SqliteStore:
         if row is None:
             raise StorageError(f"blob {sha256} is not in the store")
         return self.blob_files.open(sha256) if row[1] is None else None
-
-    def iter_blob_hashes(self) -> Iterator[tuple[str, int, bool]]:
-        """Every blob row: (sha256, size, stored inline)."""
-        with _translate("list blobs"):
-            rows = self.reader.execute(
-                "SELECT sha256, size, data IS NOT NULL FROM blobs ORDER BY sha256").fetchall()
-        for sha, size, inline in rows:
-            yield sha, size, bool(inline)
 
     def referenced_hashes(self, conn: sqlite3.Connection | None = None) -> set[str]:
         conn = conn or self.reader

@@ -125,6 +125,15 @@ async def failover_latency(port: int, rounds: int) -> dict[str, float]:
             "added_ms": (median(failover) - median(direct)) * 1e3}
 
 
+def _litellm() -> Any:
+    """The optional LiteLLM Router peer, or None when litellm is not installed."""
+    if importlib.util.find_spec("litellm") is None:
+        return None
+    import bench._litellm_peer as peer
+
+    return peer
+
+
 def _medians(results: list[dict[str, float]]) -> dict[str, float]:
     return {k: median([r[k] for r in results]) for k in results[0]}
 
@@ -134,6 +143,8 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     runs: dict[tuple[int, int, str], list[dict[str, float]]] = {}
     fail: list[dict[str, float]] = []
+    peer = _litellm()
+    peer_failover: list[float] = []
     for delay in (0, 50):
         proc, port = start_server(delay)
         try:
@@ -145,12 +156,20 @@ def main() -> None:
                         runs.setdefault((delay, c, name), []).append(res)
                         print(f"  rep {rep + 1} delay {delay} ms, {c:>3} concurrent, {name}: "
                               f"{res['rate']:,.0f}/s", flush=True)
+                    if peer is not None:
+                        res = peer.rate(port, c, args.seconds, PROMPT.system, PROMPT.user)
+                        runs.setdefault((delay, c, "litellm"), []).append(res)
+                        print(f"  rep {rep + 1} delay {delay} ms, {c:>3} concurrent, litellm: "
+                              f"{res['rate']:,.0f}/s", flush=True)
                 if delay == 0:
                     fail.append(trio.run(failover_latency, port, 200))
+                    if peer is not None:
+                        peer_failover.append(peer.failover_added_ms(
+                            port, dead_port(), 200, PROMPT.system, PROMPT.user))
         finally:
             proc.terminate()
             proc.wait(timeout=10)
-    rows, summary = [], []
+    summary: list[dict[str, Any]] = []
     for delay in (0, 50):
         for c in levels:
             v, w, h = (_medians(runs[(delay, c, name)]) for name in ("viano", "wide", "httpx"))
@@ -160,16 +179,29 @@ def main() -> None:
                                    "wide_ratio": w["rate"] / h["rate"],
                                    "viano_p99_ms": v["p99_ms"], "httpx_p99_ms": h["p99_ms"],
                                    "viano_cpu_us": v["cpu_us"], "httpx_cpu_us": h["cpu_us"]}
+            if peer is not None:
+                lite = _medians(runs[(delay, c, "litellm")])
+                row.update({"litellm_per_s": lite["rate"],
+                            "litellm_ratio": lite["rate"] / h["rate"],
+                            "viano_vs_litellm": v["rate"] / lite["rate"],
+                            "litellm_p99_ms": lite["p99_ms"], "litellm_cpu_us": lite["cpu_us"]})
             summary.append(row)
-            rows.append(list(row.values()))
-    print_table(f"answers/s, medians of {args.repeats} runs of {args.seconds:.0f}s",
-                ["delay", "conc", "viano/s", "wide/s", "httpx/s", "x httpx", "wide x",
-                 "v p99", "h p99", "v cpu us", "h cpu us"], rows)
+    columns = ["delay", "conc", "viano/s", "wide/s", "httpx/s", "x httpx", "wide x",
+               "v p99", "h p99", "v cpu us", "h cpu us"]
+    if peer is not None:
+        columns += ["litellm/s", "lite x httpx", "viano x lite", "lite p99", "lite cpu us"]
+    print_table(f"answers/s, medians of {args.repeats} runs of {args.seconds:.0f}s", columns,
+                [list(r.values()) for r in summary])
     fo = _medians(fail)
     print(f"\nfailover past a refused connection: direct p50 {fo['direct_p50_ms']:.2f} ms, "
           f"with failover {fo['failover_p50_ms']:.2f} ms, added {fo['added_ms']:.2f} ms")
-    if importlib.util.find_spec("litellm") is None:
-        print("litellm is not installed: the LiteLLM Router peer column is omitted")
+    if peer is None:
+        print("litellm is not installed: the LiteLLM Router peer columns are omitted "
+              "(.venv/bin/pip install litellm to add them)")
+    else:
+        fo["litellm_added_ms"] = median(peer_failover)
+        print(f"LiteLLM Router failover past the same refused connection: added "
+              f"{fo['litellm_added_ms']:.2f} ms")
     write_json("gateway", {"seconds": args.seconds, "repeats": args.repeats, "rows": summary,
                            "failover": fo})
 

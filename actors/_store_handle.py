@@ -24,6 +24,7 @@ from engine import (
     PublishRequest,
     Request,
     SqliteStore,
+    StorageError,
     VianoError,
     case_lock,
     new_package_id,
@@ -47,7 +48,13 @@ class StoreHandle:
     async def submit(self, request: Request) -> Published:
         """Send one request to the publisher and wait for its durable acknowledgement."""
         msg = PublishMsg(request)
-        await self._send.send(msg)
+        try:
+            await self._send.send(msg)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise StorageError("the store's publisher is not running",
+                               reason="store_unavailable",
+                               hint="Use the handle only inside its 'async with open_store()'."
+                               ) from exc
         await msg.done.wait()
         outcome = msg.outcome
         if isinstance(outcome, VianoError):

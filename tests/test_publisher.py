@@ -31,6 +31,21 @@ def _create(case: str, payload: bytes = b"x") -> PublishRequest:
         phase="INTAKE"))
 
 
+def _fail_first_commit(store: SqliteStore, monkeypatch: pytest.MonkeyPatch,
+                       error: Exception) -> None:
+    """Make the store's next commit raise ``error``; later ones commit normally."""
+    real = store.commit_batch
+    calls = {"n": 0}
+
+    def failing(requests: Sequence[Request]) -> list[Outcome]:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise error
+        return real(requests)
+
+    monkeypatch.setattr(store, "commit_batch", failing)
+
+
 class TestGroupCommit:
     async def test_waiting_requests_share_one_transaction(self, tmp_path: Path) -> None:
         """200 concurrent publications commit in far fewer transactions, all acknowledged."""
@@ -128,16 +143,8 @@ class TestFailures:
         """A batch whose transaction fails answers its callers with the error; the
         publisher keeps serving."""
         async with open_store(tmp_path) as store:
-            real = store.store.commit_batch
-            calls = {"n": 0}
-
-            def flaky(requests: Sequence[Request]) -> list[Outcome]:
-                calls["n"] += 1
-                if calls["n"] == 1:
-                    raise StorageError("disk full (simulated)", reason="store_unavailable")
-                return real(requests)
-
-            monkeypatch.setattr(store.store, "commit_batch", flaky)
+            _fail_first_commit(store.store, monkeypatch,
+                               StorageError("disk full (simulated)", reason="store_unavailable"))
             with pytest.raises(StorageError, match="disk full"):
                 await store.publish(_create("F-1"))
             out = await store.publish(_create("F-1"))
@@ -150,6 +157,13 @@ class TestFailures:
             for i in range(30):
                 nursery.start_soon(lambda i=i: _append(results, store.publish(_create(f"Q-{i}"))))
         assert len(results) == 30
+
+    async def test_handle_used_after_close_says_so(self, tmp_path: Path) -> None:
+        """Publishing through a handle whose store is closed is a clear StorageError."""
+        async with open_store(tmp_path) as store:
+            pass
+        with pytest.raises(StorageError, match="not running"):
+            await store.publish(_create("LATE-1"))
 
     async def test_body_errors_propagate_unwrapped(self, tmp_path: Path) -> None:
         """An error raised inside `async with open_store()` reaches the caller as itself."""
@@ -252,16 +266,7 @@ class TestActorEnds:
             self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         """A bug inside a commit fails that batch with a StorageError; the next one commits."""
         async with open_store(tmp_path) as store:
-            real = store.store.commit_batch
-            calls = {"n": 0}
-
-            def buggy(requests: Sequence[Request]) -> list[Outcome]:
-                calls["n"] += 1
-                if calls["n"] == 1:
-                    raise KeyError("bug")
-                return real(requests)
-
-            monkeypatch.setattr(store.store, "commit_batch", buggy)
+            _fail_first_commit(store.store, monkeypatch, KeyError("bug"))
             with pytest.raises(StorageError, match="KeyError"):
                 await store.publish(_create("B-1"))
             assert (await store.publish(_create("B-1"))).generation == 1

@@ -6,6 +6,7 @@ import argparse
 import base64
 import json
 import os
+import sys
 import tempfile
 from importlib import resources
 from pathlib import Path
@@ -17,6 +18,7 @@ from actors import open_store
 from engine import (
     Attachment,
     Config,
+    ImportRequest,
     IntakePlan,
     NotFound,
     Published,
@@ -143,8 +145,6 @@ def cmd_cat(args: argparse.Namespace, out: Output, config: Config) -> int:
             doc["base64"] = base64.b64encode(data).decode("ascii")
         out.document(doc)
     else:
-        import sys
-
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
     return 0
@@ -227,7 +227,7 @@ def cmd_import(args: argparse.Namespace, out: Output, config: Config) -> int:
     return 0
 
 
-async def _import(root: Path, request: Any) -> Published:
+async def _import(root: Path, request: ImportRequest) -> Published:
     async with open_store(root) as store:
         return await store.import_package(request)
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
+
 import actors
 import engine
 import viano_bug_analysis
 
 
 def _public(module: object) -> set[str]:
-    return {n for n in dir(module) if not n.startswith("_")}
+    """Public names, not counting submodules (importing one adds it as an attribute)."""
+    return {n for n in dir(module)
+            if not n.startswith("_") and not inspect.ismodule(getattr(module, n))}
 
 
 ENGINE_API = [
@@ -112,15 +116,39 @@ def test_actors_face() -> None:
 
 
 def test_public_face() -> None:
-    """viano_bug_analysis is the embedding face."""
-    assert _public(viano_bug_analysis) >= {
-        "open_store",
-        "StoreHandle",
-        "Config",
-        "prepare_intake",
-        "verify_store",
-        "VianoError",
-    }
+    """viano_bug_analysis is the embedding face: store, gateway, intake, rounds."""
+    assert _public(viano_bug_analysis) == {
+        "Attachment", "AuditRecord", "Config", "FailureClass", "GatewayHandle", "IntakePlan",
+        "Prompt", "Published", "RoundOutcome", "RoundRequest", "RoundStatus", "StoreHandle",
+        "VianoError", "open_gateway", "open_store", "prepare_intake", "verify_store"}
+
+
+async def test_embedding_through_the_face(tmp_path: object) -> None:
+    """The face alone is enough to intake the sample and run a fixture round."""
+    from pathlib import Path
+
+    from engine import ProviderConfig
+    from viano_bug_analysis.cli._commands import sample_dir
+
+    root = Path(str(tmp_path))
+    fixtures = root / "fx" / "interpretation_v1"
+    fixtures.mkdir(parents=True)
+    (fixtures / "default.json").write_text('{"summary": "s"}')
+    config = viano_bug_analysis.Config.defaults()
+    sample = sample_dir()
+    plan = viano_bug_analysis.prepare_intake(
+        sample / "report.json", [viano_bug_analysis.Attachment("diagnostics",
+                                                               sample / "wowdiag.zip")],
+        case_id=None, limits=config.intake.limits)
+    provider = ProviderConfig(name="fx", kind="fixture", path=str(root / "fx"))
+    async with viano_bug_analysis.open_store(root / "store") as store, \
+            viano_bug_analysis.open_gateway([provider], config.gateway) as gateway:
+        published = await store.intake(plan)
+        outcome = await gateway.round(viano_bug_analysis.RoundRequest(viano_bug_analysis.Prompt(
+            "interpretation_v1", "system", "{}", {"type": "object"}, published.case_id)))
+    assert published.case_id == "BUG-20" and published.generation == 1
+    assert outcome.status is viano_bug_analysis.RoundStatus.ANSWER
+    assert outcome.parsed == {"summary": "s"}
 
 
 def test_engine_never_imports_actors() -> None:

@@ -183,3 +183,21 @@ async def _race(root: Path, tasks: int, each: int, group_commit: bool) -> dict: 
             for w in range(tasks):
                 nursery.start_soon(worker, w)
     return {"pkg": pkg, "gens": gens, "manifests": manifests}
+
+
+class TestManifestEncoding:
+    @given(st.dictionaries(PATHS, st.tuples(st.text(alphabet="0123456789abcdef", min_size=64,
+                                                    max_size=64), st.integers(0, 2**40))),
+           st.text(max_size=30), PHASES)
+    def test_same_bytes_as_canonical_json(self, files: dict[str, tuple[str, int]],
+                                          case_text: str, phase: str) -> None:
+        """The fast manifest encoder produces exactly canonical_json's bytes."""
+        from engine import canonical_json
+        from engine._store._manifest import encode_manifest
+
+        manifest = {"format": "viano-case-package/1", "package_id": "p", "case_id": case_text,
+                    "package_generation": 3, "parent_generation": None, "analysis_revision": 1,
+                    "phase": phase, "created_at": "2026-11-30T00:00:00.000000Z",
+                    "pointers": {"catalogue": "case/catalogue.json"},
+                    "files": {p: {"sha256": h, "size": n} for p, (h, n) in files.items()}}
+        assert encode_manifest(manifest) == canonical_json(manifest)

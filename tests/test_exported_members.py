@@ -144,11 +144,13 @@ async def test_embedding_through_the_face(tmp_path: object) -> None:
     async with viano_bug_analysis.open_store(root / "store") as store, \
             viano_bug_analysis.open_gateway([provider], config.gateway) as gateway:
         published = await store.intake(plan)
+        catalogue = await store.read_file(published.case_id, "case/catalogue.json")
         outcome = await gateway.round(viano_bug_analysis.RoundRequest(viano_bug_analysis.Prompt(
             "interpretation_v1", "system", "{}", {"type": "object"}, published.case_id)))
     assert published.case_id == "BUG-20" and published.generation == 1
     assert outcome.status is viano_bug_analysis.RoundStatus.ANSWER
     assert outcome.parsed == {"summary": "s"}
+    assert b'"source_id": "S1"' in catalogue
 
 
 def test_engine_never_imports_actors() -> None:

@@ -34,13 +34,6 @@ class Redactor:
                 value = value.replace(secret, MASK)
         return value
 
-    def bytes_(self, value: bytes) -> bytes:
-        for secret in self._secrets:
-            raw = secret.encode("utf-8")
-            if raw in value:
-                value = value.replace(raw, MASK.encode())
-        return value
-
     def url(self, value: str) -> str:
         parts = urlsplit(value)
         query = [(k, MASK if _KEYLIKE.search(k) else v)

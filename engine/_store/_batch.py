@@ -153,13 +153,12 @@ class BatchPlan:
             if ours is None or ours[0] != sha256_hex(req.manifests[gen - 1]):
                 raise StaleGeneration(f"case {req.case_id!r} has a different history in this "
                                       f"store from generation {gen} on; nothing imported")
-        missing = {e["sha256"] for raw in req.manifests[have:]
-                   for e in json.loads(raw)["files"].values()} - set(req.blobs)
+        new = [(raw, json.loads(raw)) for raw in req.manifests[have:]]
+        missing = {e["sha256"] for _, m in new for e in m["files"].values()} - set(req.blobs)
         if missing:
             raise ImportRejected(f"the export lacks {len(missing)} blob(s) its manifests name")
         last: Published | None = None
-        for raw in req.manifests[have:]:
-            manifest = json.loads(raw)
+        for raw, manifest in new:
             for entry in manifest["files"].values():
                 sha = entry["sha256"]
                 if sha not in self.blob_rows:

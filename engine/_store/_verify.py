@@ -77,7 +77,8 @@ def verify_store(store: SqliteStore, case_ids: Iterable[str] | None = None,
         if progress:
             progress(1)
     violations += _check_blobs(store, needed)
-    referenced = store.referenced_hashes()
+    # Every manifest was just read unless the check was limited to some cases.
+    referenced = set(needed) if wanted is None else store.referenced_hashes()
     orphans = sum(1 for sha, _ in store.blob_files.iter_files() if sha not in referenced)
     return VerifyReport(n_cases, n_gens, len(needed), orphans, tuple(violations))
 

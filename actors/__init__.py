@@ -1,14 +1,15 @@
-"""Viano's trio actors: the publisher and the gateway pool; the case actor and the
-supervisor land with their phases. Imports only from ``engine``."""
+"""Viano's trio actors: the publisher, the gateway pool, the case actor and the
+supervisor. Imports only from ``engine``."""
 
-from ._gateway_pool import GatewayCancelled as GatewayCancelled
 from ._gateway_pool import GatewayHandle as GatewayHandle
 from ._gateway_pool import GatewayPool as GatewayPool
+from ._gateway_pool import ProviderStats as ProviderStats
 from ._gateway_pool import open_gateway as open_gateway
 from ._gateway_pool import run_gateway_pool as run_gateway_pool
 from ._publisher import PublisherStats as PublisherStats
 from ._publisher import PublishMsg as PublishMsg
 from ._publisher import mailbox as mailbox
 from ._publisher import run_publisher as run_publisher
+from ._store_handle import Snapshot as Snapshot
 from ._store_handle import StoreHandle as StoreHandle
 from ._store_handle import open_store as open_store

@@ -26,7 +26,9 @@ from engine import (
     AttemptResult,
     AuditRecord,
     FailureClass,
+    GatewayCancelled,
     GatewayConfig,
+    GatewayError,
     ProviderConfig,
     Redactor,
     RoundOutcome,
@@ -80,10 +82,13 @@ class GatewayPool:
         self.rng = rng or random.Random()
         self.redactor = Redactor()
         self.states: list[ProviderState] = []
+        self.stats: dict[str, ProviderStats] = {}
         for p in providers:
             secret = env.get(p.api_key_env) if p.api_key_env else None
             if secret:
                 self.redactor.add(secret)
+            self.redactor.add_url_secrets(p.base_url)
+            self.stats[p.name] = ProviderStats()
             # httpcore's pool scans every connection on every event, so its CPU cost grows
             # with connections x waiters (ARCHITECTURE.md; bench/gateway.py: 128 connections
             # in one client ran at 0.17x plain httpx). So: at most max_connections per client,
@@ -113,14 +118,18 @@ class GatewayPool:
 
     async def run_round(self, request: RoundRequest) -> RoundOutcome:
         attempts: list[AuditRecord] = []
-        for state in self.states:
-            if trio.current_time() < state.cooldown_until:
-                attempts.append(self._skipped(state, request, len(attempts) + 1))
-                continue
-            result = await self._provider(state, request, attempts)
-            if result is not None:
-                return result
-        return RoundOutcome(no_answer_status(attempts), tuple(attempts))
+        try:
+            for state in self.states:
+                if trio.current_time() < state.cooldown_until:
+                    attempts.append(self._skipped(state, request, len(attempts) + 1))
+                    continue
+                result = await self._provider(state, request, attempts)
+                if result is not None:
+                    return result
+            return RoundOutcome(no_answer_status(attempts), tuple(attempts))
+        finally:
+            for record in attempts:
+                self.stats[record.provider].count(record)
 
     async def _provider(self, state: ProviderState, request: RoundRequest,
                         attempts: list[AuditRecord]) -> RoundOutcome | None:
@@ -155,8 +164,7 @@ class GatewayPool:
                        retry: int) -> AttemptResult:
         p = state.config
         ctx = AttemptContext(provider=p, prompt=request.prompt, attempt=attempt, retry=retry,
-                             redactor=self.redactor, check=request.check,
-                             max_output_bytes=request.max_output_bytes
+                             redactor=self.redactor, max_output_bytes=request.max_output_bytes
                              or self.config.max_output_bytes)
         started, started_at = time.monotonic(), _now()
         if p.kind == "fixture":
@@ -195,6 +203,27 @@ def _now() -> str:
     return utc_now_iso()
 
 
+@attrs.define
+class ProviderStats:
+    """What a provider did since the gateway opened: for ``viano status`` and the logs."""
+
+    answers: int = 0
+    failures: dict[str, int] = attrs.field(factory=dict)  # by failure class
+    cooldown_skips: int = 0
+
+    def count(self, record: AuditRecord) -> None:
+        if record.failure is None:
+            self.answers += 1
+        elif record.failure is FailureClass.SKIPPED:
+            self.cooldown_skips += 1
+        else:
+            self.failures[record.failure.value] = self.failures.get(record.failure.value, 0) + 1
+
+    def to_json(self) -> dict[str, object]:
+        return {"answers": self.answers, "failures": dict(sorted(self.failures.items())),
+                "cooldown_skips": self.cooldown_skips}
+
+
 @attrs.define(eq=False)
 class RoundMsg:
     request: RoundRequest
@@ -231,10 +260,6 @@ async def _serve(pool: GatewayPool, msg: RoundMsg) -> None:
         msg.done.set()
 
 
-class GatewayCancelled(Exception):
-    """The round was cancelled before it produced an outcome."""
-
-
 class GatewayHandle:
     def __init__(self, pool: GatewayPool, send: trio.MemorySendChannel[RoundMsg]):
         self.pool = pool
@@ -244,7 +269,10 @@ class GatewayHandle:
         """Run one round. Cancelling the caller cancels the round, which releases its
         limiter slot and connection at once; the pool keeps serving the others."""
         msg = RoundMsg(request)
-        await self._send.send(msg)
+        try:
+            await self._send.send(msg)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise GatewayError("the gateway is closed") from exc
         try:
             await msg.done.wait()
         finally:

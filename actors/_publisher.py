@@ -6,6 +6,11 @@ transaction on its worker thread (group commit), then answers each caller. The c
 under a shield and ``to_thread.run_sync`` is never abandoned, so a started transaction ends
 committed or rolled back, never half done, whatever is cancelled meanwhile. A caller
 cancelled while waiting does not un-send its request: it may still commit, in full.
+
+When its mailbox is closed the actor drains it: everything sent before the close is
+committed (or refused on its merits) before the actor returns. Only if the actor itself is
+cancelled or fails are the requests still queued answered with ``store_unavailable``.
+Store upkeep (SQLite's checkpoints) is the backend's own business.
 """
 
 from __future__ import annotations
@@ -15,11 +20,9 @@ import math
 
 import attrs
 import trio
-from trio_util import AsyncValue
 
-from engine import Outcome, Request, SqliteStore, StorageError
+from engine import Outcome, Request, StorageError, Store
 
-CHECKPOINT_BYTES = 16 * 1024 * 1024
 log = logging.getLogger("viano.publisher")
 
 
@@ -36,35 +39,36 @@ class PublisherStats:
     requests: int = 0
     largest_batch: int = 0
 
+    @property
+    def per_transaction(self) -> float:
+        return self.requests / self.batches if self.batches else 0.0
 
-async def run_publisher(inbox: trio.MemoryReceiveChannel[PublishMsg], store: SqliteStore, *,
+    def to_json(self) -> dict[str, float]:
+        return {"transactions": self.batches, "publications": self.requests,
+                "largest_batch": self.largest_batch,
+                "publications_per_transaction": round(self.per_transaction, 2)}
+
+
+async def run_publisher(inbox: trio.MemoryReceiveChannel[PublishMsg], store: Store, *,
                         max_batch: int = 1024, group_commit: bool = True,
                         stats: PublisherStats | None = None,
                         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     limit = max_batch if group_commit else 1
-    committed = AsyncValue(0)
-    commit_lock = trio.Lock()
     batch: list[PublishMsg] = []
-    await trio.to_thread.run_sync(store.move_checkpoints_off_the_commit_path)
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_checkpointer, store, committed, commit_lock)
-            task_status.started()
-            async for first in inbox:
-                batch = [first]
-                while len(batch) < limit:
-                    try:
-                        batch.append(inbox.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                async with commit_lock:
-                    await _commit(store, batch)
-                committed.value = store.bytes_committed
-                if stats is not None:
-                    stats.batches += 1
-                    stats.requests += len(batch)
-                    stats.largest_batch = max(stats.largest_batch, len(batch))
-            nursery.cancel_scope.cancel()
+        task_status.started()
+        async for first in inbox:
+            batch = [first]
+            while len(batch) < limit:
+                try:
+                    batch.append(inbox.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            await _commit(store, batch)
+            if stats is not None:
+                stats.batches += 1
+                stats.requests += len(batch)
+                stats.largest_batch = max(stats.largest_batch, len(batch))
     finally:
         # However the actor ends, no caller is left waiting: what was taken but not
         # answered, and what is still queued, is answered with an error (nothing of it was
@@ -89,29 +93,7 @@ def _fail_unanswered(batch: list[PublishMsg], inbox: trio.MemoryReceiveChannel[P
         msg.done.set()
 
 
-async def _checkpointer(store: SqliteStore, committed: AsyncValue,
-                        commit_lock: trio.Lock) -> None:
-    """Checkpoint the WAL on the other core, once per ``CHECKPOINT_BYTES`` committed.
-
-    Per commit would double the fsyncs of a lone publisher (measured: 1,800 → 1,000
-    publications/s); per volume keeps the checkpoint off the commit. PASSIVE runs beside
-    the commits; when the WAL has grown anyway, RESTART runs holding the commit lock, so no
-    commit is in flight and the WAL starts afresh (see ``SqliteStore.checkpoint``). A failed
-    checkpoint is logged and tried again later: it never stops the publisher."""
-    done = 0
-    while True:
-        target = done + CHECKPOINT_BYTES
-        done = await committed.wait_value(lambda v, t=target: v >= t)
-        try:
-            _busy, wal_frames, _done = await trio.to_thread.run_sync(store.checkpoint)
-            if store.wal_needs_restart(wal_frames):
-                async with commit_lock:
-                    await trio.to_thread.run_sync(store.checkpoint, "RESTART")
-        except StorageError as exc:
-            log.warning("checkpoint failed, will retry: %s", exc.message)
-
-
-async def _commit(store: SqliteStore, batch: list[PublishMsg]) -> None:
+async def _commit(store: Store, batch: list[PublishMsg]) -> None:
     requests = [m.request for m in batch]
     with trio.CancelScope(shield=True):
         try:
@@ -122,7 +104,8 @@ async def _commit(store: SqliteStore, batch: list[PublishMsg]) -> None:
         except Exception as exc:
             # A bug, not a refusal: fail this batch loudly, keep serving the next one.
             log.exception("commit of a batch of %d failed", len(batch))
-            error = StorageError(f"commit failed unexpectedly ({type(exc).__name__})")
+            error = StorageError(f"commit failed unexpectedly ({type(exc).__name__})",
+                                 reason="internal_error")
             outcomes = [error] * len(batch)
     for msg, outcome in zip(batch, outcomes, strict=True):
         msg.outcome = outcome

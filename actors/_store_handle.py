@@ -2,32 +2,44 @@
 
     async with open_store("viano-store") as store:
         published = await store.intake(plan)
+        snap = await store.snapshot("BUG-20")
+        data = await snap.read("case/catalogue.json")
+        snap = await snap.publish(change)        # on top of exactly that generation
 
-Reads go straight to SQLite on a worker thread; every write goes through the publisher.
+Reads go to the backend on a worker thread; every write goes through the publisher. A
+:class:`Snapshot` is one generation as read: its manifest, reads from that generation
+only (by the hashes it lists, so two reads can never see two generations), and
+``publish`` bound to it as the expected parent.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from pathlib import Path
+import os
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
+import attrs
 import trio
 
 from engine import (
     CaseRef,
+    CaseStatus,
+    Change,
     ImportRequest,
     IntakePlan,
+    Manifest,
     NotFound,
     Published,
     PublishRequest,
     Request,
-    SqliteStore,
+    StatusRequest,
     StorageError,
+    Store,
     VianoError,
-    case_lock,
+    loads_untrusted,
     new_package_id,
+    open_backend,
 )
 
 from ._publisher import PublisherStats, PublishMsg, mailbox, run_publisher
@@ -35,26 +47,32 @@ from ._serving import serving
 
 
 class StoreHandle:
-    def __init__(self, store: SqliteStore, send: trio.MemorySendChannel[PublishMsg],
+    def __init__(self, store: Store, send: trio.MemorySendChannel[PublishMsg],
                  stats: PublisherStats):
         self.store = store
         self.stats = stats
         self._send = send
 
     @property
-    def root(self) -> Path:
-        return self.store.root
+    def location(self) -> str:
+        return self.store.location
 
-    async def submit(self, request: Request) -> Published:
-        """Send one request to the publisher and wait for its durable acknowledgement."""
+    def enqueue(self, request: Request) -> PublishMsg:
+        """Put one request in the publisher's mailbox without waiting; its ``done`` event
+        is set with its outcome once it is committed (or refused)."""
         msg = PublishMsg(request)
         try:
-            await self._send.send(msg)
+            self._send.send_nowait(msg)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise StorageError("the store's publisher is not running",
                                reason="store_unavailable",
                                hint="Use the handle only inside its 'async with open_store()'."
                                ) from exc
+        return msg
+
+    async def submit(self, request: Request) -> Published:
+        """Send one request to the publisher and wait for its durable acknowledgement."""
+        msg = self.enqueue(request)
         await msg.done.wait()
         outcome = msg.outcome
         if isinstance(outcome, VianoError):
@@ -65,15 +83,23 @@ class StoreHandle:
     async def publish(self, request: PublishRequest) -> Published:
         return await self.submit(request)
 
+    @contextmanager
+    def lease(self, case_id: str) -> Iterator[None]:
+        """Hold the case's lease for the ``with`` block (non-blocking: busy raises
+        ``CaseLocked`` at once). A case actor holds it for a whole dispatch."""
+        with self.store.lease(case_id):
+            yield
+
     async def intake(self, plan: IntakePlan) -> Published:
-        """Create a case from a prepared intake, holding the case lock while publishing."""
-        with case_lock(self.root, plan.case_id):
+        """Create a case from a prepared intake, holding its lease while publishing."""
+        with self.lease(plan.case_id):
             return await self.publish(PublishRequest(
                 package_id=new_package_id(), case_id=plan.case_id, expected_generation=None,
-                change=plan.change))
+                change=plan.change, status=CaseStatus(status="READY", phase=plan.change.phase
+                                                      or "INTAKE", reason="intake")))
 
     async def import_package(self, request: ImportRequest) -> Published:
-        with case_lock(self.root, request.case_id):
+        with self.lease(request.case_id):
             return await self.submit(request)
 
     async def case(self, case_id: str) -> CaseRef:
@@ -82,28 +108,77 @@ class StoreHandle:
     async def list_cases(self) -> list[CaseRef]:
         return await trio.to_thread.run_sync(self.store.list_cases)
 
-    async def manifest(self, case_id: str, generation: int | None = None) -> dict[str, Any]:
-        return await trio.to_thread.run_sync(self.store.manifest, case_id, generation)
+    async def snapshot(self, case_id: str, generation: int | None = None) -> Snapshot:
+        """The head generation of ``case_id`` (or the given one), as one snapshot."""
+        def read() -> Manifest:
+            ref = self.store.case(case_id)
+            return self.store.manifest(ref.package_id, generation or ref.generation)
+
+        return Snapshot(self, await trio.to_thread.run_sync(read))
+
+    def snapshot_of(self, published: Published) -> Snapshot:
+        return Snapshot(self, published.manifest)
+
+    async def manifest(self, case_id: str, generation: int | None = None) -> Manifest:
+        return (await self.snapshot(case_id, generation)).manifest
 
     async def read_file(self, case_id: str, path: str, generation: int | None = None) -> bytes:
-        manifest = await self.manifest(case_id, generation)
-        entry = manifest["files"].get(path)
+        return await (await self.snapshot(case_id, generation)).read(path)
+
+    async def read_blob(self, sha256: str) -> bytes:
+        return await trio.to_thread.run_sync(self.store.read_blob, sha256)
+
+
+@attrs.frozen
+class Snapshot:
+    """One generation of one package, as read."""
+
+    handle: StoreHandle
+    manifest: Manifest
+
+    @property
+    def generation(self) -> int:
+        return self.manifest.package_generation
+
+    def has(self, path: str) -> bool:
+        return path in self.manifest.files
+
+    async def read(self, path: str) -> bytes:
+        entry = self.manifest.files.get(path)
         if entry is None:
-            raise NotFound(f"case {case_id!r} has no file {path!r}", reason="unknown_path",
-                           hint=f"Run 'viano show {case_id}' to list its files.")
-        return await trio.to_thread.run_sync(self.store.read_blob, entry["sha256"])
+            raise NotFound(f"case {self.manifest.case_id!r} has no file {path!r} in generation "
+                           f"{self.generation}", reason="unknown_path",
+                           hint=f"Run 'viano show {self.manifest.case_id}' to list its files.")
+        return await self.handle.read_blob(entry.sha256)
+
+    async def read_json(self, path: str) -> Any:
+        """A JSON artifact of this generation, read strictly (it could have been imported)."""
+        return loads_untrusted(await self.read(path))
+
+    async def publish(self, change: Change, status: CaseStatus | None = None) -> Snapshot:
+        """The next generation on top of exactly this one (``StaleGeneration`` if another
+        writer moved the package meanwhile)."""
+        published = await self.handle.publish(PublishRequest(
+            self.manifest.package_id, self.manifest.case_id, self.generation, change, status))
+        return Snapshot(self.handle, published.manifest)
+
+    async def set_status(self, status: CaseStatus) -> None:
+        """The case's durable status, fenced by this generation."""
+        await self.handle.submit(StatusRequest(self.manifest.package_id, self.manifest.case_id,
+                                               self.generation, status))
 
 
 @asynccontextmanager
-async def open_store(root: str | Path, *, group_commit: bool = True, max_batch: int = 1024,
-                     inline_threshold: int | None = None) -> AsyncIterator[StoreHandle]:
-    """Open (creating if needed) the store at ``root`` and run its publisher.
+async def open_store(location: str | os.PathLike[str], *, group_commit: bool = True,
+                     max_batch: int = 1024, inline_threshold: int | None = None
+                     ) -> AsyncIterator[StoreHandle]:
+    """Open (creating if needed) the store at ``location`` and run its publisher.
 
     On exit the mailbox is closed and the publisher drains what is already queued before
     the store closes; on cancellation a commit in progress still finishes (shielded).
     """
     kw = {} if inline_threshold is None else {"inline_threshold": inline_threshold}
-    store = await trio.to_thread.run_sync(lambda: SqliteStore.open(root, create=True, **kw))
+    store = await trio.to_thread.run_sync(lambda: open_backend(location, write=True, **kw))
     stats = PublisherStats()
     send, recv = mailbox()
     try:
@@ -112,4 +187,5 @@ async def open_store(root: str | Path, *, group_commit: bool = True, max_batch: 
                 send):
             yield StoreHandle(store, send, stats)
     finally:
-        store.close()
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(store.close)

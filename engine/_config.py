@@ -7,7 +7,9 @@ API keys never live in the file: a provider names the environment variable that 
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -22,14 +24,32 @@ DEFAULT_CONFIG_PATH = Path("config/analysis.local.toml")
 ProviderKind = Literal["openai", "anthropic", "fixture"]
 
 
+def _finite(attribute: attrs.Attribute[Any], value: Any) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{attribute.name} must be a finite number, got {value}")
+
+
 def _positive(_inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value <= 0:
+    _finite(attribute, value)
+    if not value > 0:
         raise ValueError(f"{attribute.name} must be positive, got {value}")
 
 
 def _non_negative(_inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value < 0:
+    _finite(attribute, value)
+    if not value >= 0:
         raise ValueError(f"{attribute.name} must not be negative, got {value}")
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+def _env_name(_inst: Any, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    """A variable's name, never its value: a pasted key is refused without being echoed."""
+    if value is not None and _ENV_NAME.fullmatch(value) is None:
+        raise ValueError(f"{attribute.name} must be the name of an environment variable "
+                         "(letters, digits and '_', not starting with a digit); the value "
+                         "given is not shown, in case it is a key")
 
 
 @attrs.frozen
@@ -54,8 +74,23 @@ class HypothesisPolicy:
 
 
 @attrs.frozen
+class InterpretationLimits:
+    """Bounds of the interpretation context and answer. Exceeding one is ERROR
+    ``limit_exceeded``; nothing is truncated silently. Excerpts of textual attachments are
+    bounded by design (each to ``max_excerpt_bytes``, all together to
+    ``max_excerpts_total_bytes``) and the context records exactly what was excerpted."""
+
+    max_context_bytes: int = attrs.field(default=1_048_576, validator=_positive)
+    max_excerpt_bytes: int = attrs.field(default=8_192, validator=_positive)
+    max_excerpts_total_bytes: int = attrs.field(default=262_144, validator=_positive)
+    max_output_bytes: int = attrs.field(default=2_097_152, validator=_positive)
+    max_summary_bytes: int = attrs.field(default=2_097_152, validator=_positive)
+
+
+@attrs.frozen
 class InterpretationPolicy:
     auto_confirm: bool = False
+    limits: InterpretationLimits = attrs.field(factory=InterpretationLimits)
 
 
 @attrs.frozen
@@ -78,6 +113,7 @@ class IntakeLimits:
     max_member_bytes: int = attrs.field(default=268_435_456, validator=_positive)
     max_total_bytes: int = attrs.field(default=1_073_741_824, validator=_positive)
     max_compression_ratio: float = attrs.field(default=200.0, validator=_positive)
+    max_report_bytes: int = attrs.field(default=16_777_216, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
         if self.max_member_bytes > self.max_total_bytes:
@@ -96,7 +132,7 @@ class ProviderConfig:
     kind: ProviderKind
     base_url: str = ""
     model: str = ""
-    api_key_env: str | None = None
+    api_key_env: str | None = attrs.field(default=None, validator=_env_name)
     path: str | None = None
     timeout_s: float = attrs.field(default=120.0, validator=_positive)
     retries: int = attrs.field(default=2, validator=_non_negative)
@@ -127,12 +163,22 @@ class GatewayConfig:
 
 
 @attrs.frozen
+class StoreConfig:
+    """``[store]``: where the store lives. ``--store``/``VIANO_STORE`` override ``url``."""
+
+    url: str | None = None
+    blob_root: str | None = None
+    lease_s: float = attrs.field(default=30.0, validator=_positive)
+
+
+@attrs.frozen
 class Config:
     hypotheses: HypothesisPolicy = attrs.field(factory=HypothesisPolicy)
     interpretation: InterpretationPolicy = attrs.field(factory=InterpretationPolicy)
     retry: RetryPolicy = attrs.field(factory=RetryPolicy)
     intake: IntakeConfig = attrs.field(factory=IntakeConfig)
     gateway: GatewayConfig = attrs.field(factory=GatewayConfig)
+    store: StoreConfig = attrs.field(factory=StoreConfig)
     providers: tuple[ProviderConfig, ...] = ()
     source: str = attrs.field(default="(built-in defaults)", eq=False)
 

@@ -5,23 +5,31 @@ happened, a ``hint`` saying what to do next, and the CLI exit code it maps to::
 
     VianoError                         (exit 1: unexpected)
     ├── RejectedInput                  (exit 2: nothing was written)
+    │   ├── UsageError                 usage_error
     │   ├── ConfigError                config_invalid
     │   ├── InvalidCaseId              invalid_case_id
     │   ├── ReportRejected             invalid_report
-    │   ├── InputRejected              invalid_input, duplicate_input, input_changed
+    │   ├── InputRejected              invalid_input, duplicate_input, input_changed,
+    │   │                              unreadable_input, limit_exceeded
     │   ├── ArchiveRejected            limit_exceeded, unsafe_archive_member,
     │   │                              duplicate_archive_member, encrypted_archive_member,
-    │   │                              corrupt_archive
+    │   │                              corrupt_archive, unsupported_archive
     │   ├── ImportRejected             invalid_export
     │   ├── ChangeRejected             invalid_change
-    │   ├── NotFound                   unknown_case, unknown_generation, unknown_path
+    │   ├── NotFound                   no_store, unknown_case, unknown_generation,
+    │   │                              unknown_path, unknown_revision
+    │   ├── NotAStore                  not_a_store
+    │   ├── DestinationRejected        destination_exists, destination_in_store,
+    │   │                              destination_invalid
     │   ├── CaseExists                 case_exists
     │   └── StaleGeneration            stale_generation
     ├── CaseLocked                     locked (exit 11: DEFERRED, try again later)
-    └── StorageError                   store_corrupt, store_unavailable, store_format
+    ├── StorageError                   store_corrupt, store_unavailable, store_format,
+    │                                  store_read_only
+    └── GatewayError                   gateway_cancelled, gateway_closed
 
-Lower-layer errors (sqlite3, zipfile, OSError, cattrs) are translated at the boundary with
-``raise … from exc``; nothing above the engine ever sees them.
+Lower-layer errors (sqlite3, zipfile, OSError, cattrs, trio) are translated at the boundary
+with ``raise … from exc``; nothing above the engine ever sees them.
 """
 
 from __future__ import annotations
@@ -30,7 +38,11 @@ EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_REJECTED = 2
 EXIT_VIOLATIONS = 1
+EXIT_RETRY_PENDING = 10
 EXIT_DEFERRED = 11
+EXIT_BLOCKED = 12
+EXIT_ERROR = 13
+EXIT_INTERRUPTED = 130
 
 
 class VianoError(Exception):
@@ -57,6 +69,11 @@ class RejectedInput(VianoError):
     exit_code = EXIT_REJECTED
     default_reason = "rejected_input"
     default_hint = "Fix the input named in the message and run the command again."
+
+
+class UsageError(RejectedInput):
+    default_reason = "usage_error"
+    default_hint = "Run the command with --help to see its arguments."
 
 
 class ConfigError(RejectedInput):
@@ -101,6 +118,17 @@ class NotFound(RejectedInput):
     default_hint = "Run 'viano status' to list the cases in this store."
 
 
+class NotAStore(RejectedInput):
+    default_reason = "not_a_store"
+    default_hint = ("Pass --store a folder that holds a Viano store, or a new or empty "
+                    "folder to create one.")
+
+
+class DestinationRejected(RejectedInput):
+    default_reason = "destination_invalid"
+    default_hint = "Choose a new file outside the store folder (or pass --force to replace it)."
+
+
 class CaseExists(RejectedInput):
     default_reason = "case_exists"
     default_hint = "Choose another --case-id, or inspect the existing case with 'viano show'."
@@ -120,3 +148,15 @@ class CaseLocked(VianoError):
 class StorageError(VianoError):
     default_reason = "store_corrupt"
     default_hint = "Run 'viano verify' to list what is wrong with the store."
+
+
+class GatewayError(VianoError):
+    default_reason = "gateway_closed"
+    default_hint = "Use the gateway handle only inside its 'async with open_gateway()'."
+
+
+class GatewayCancelled(GatewayError):
+    """The round was cancelled before it produced an outcome."""
+
+    default_reason = "gateway_cancelled"
+    default_hint = "The caller cancelled the round; nothing of it was recorded."

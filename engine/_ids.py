@@ -7,12 +7,12 @@ import uuid
 
 from ._errors import InvalidCaseId
 
-_CASE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+CASE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def validate_case_id(case_id: str) -> str:
     """Return ``case_id`` unchanged if it follows the contract, else refuse it."""
-    if not isinstance(case_id, str) or _CASE_ID.fullmatch(case_id) is None:
+    if not isinstance(case_id, str) or CASE_ID.fullmatch(case_id) is None:
         raise InvalidCaseId(f"case id {case_id!r} is not valid")
     return case_id
 

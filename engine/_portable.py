@@ -6,14 +6,19 @@ An export is a zip (stored, not deflated, so that its own ratio check never trip
 generation names, once). Identity comes only from the manifests: the zip's file name and
 the store's path play no part.
 
+An export is written to a temporary file beside its destination and renamed into place; an
+existing destination is refused unless ``force``, and a destination inside the store
+folder always is (it could be the store's own index).
+
 An import is untrusted input: it is read through the same limited archive scanner as
-intake, every blob is hashed and compared with its name, every manifest with its recorded
-hash, and the chain must be linear and consistent before anything is written.
+intake, its index through the strict JSON reader, every blob is hashed and compared with
+its name, every manifest with its recorded hash, and every manifest must pass the same
+rules a local publication does (``Manifest.parse``) and follow its parent by the same
+successor rule (nothing removed, nothing write-once replaced) before anything is written.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import zipfile
@@ -22,24 +27,26 @@ from typing import Any
 
 import attrs
 
-from ._canonical import artifact_json, sha256_hex
+from ._canonical import artifact_json
 from ._config import IntakeLimits
-from ._errors import ChangeRejected, ImportRejected, InvalidCaseId
+from ._errors import ChangeRejected, DestinationRejected, ImportRejected, InvalidCaseId
 from ._ids import validate_case_id
 from ._intake import archive_kind, scan_archive
+from ._json import UntrustedJson, loads_untrusted
 from ._store import (
     CHUNK,
-    PACKAGE_FORMAT,
     ImportRequest,
-    SqliteStore,
+    Manifest,
+    Store,
     ZipMemberSource,
-    validate_logical_path,
+    successor_violations,
 )
+from ._store._blobs import fsync_dir
 
 EXPORT_FORMAT = "viano-export/1"
 INDEX = "viano-export.json"
-_MANIFEST = re.compile(r"manifests/(\d{6})\.json")
-_BLOB = re.compile(r"blobs/([0-9a-f]{64})")
+MAX_INDEX_BYTES = 4 * 1024 * 1024
+_SHA = re.compile(r"[0-9a-f]{64}")
 
 
 @attrs.frozen
@@ -54,45 +61,65 @@ class ExportSummary:
         return attrs.asdict(self)
 
 
-def export_package(store: SqliteStore, case_id: str, dest: Path) -> ExportSummary:
+def check_destination(dest: Path, store_root: Path | None, *, force: bool) -> Path:
+    """Where an export may go: refuses an existing file (unless ``force``), a directory, a
+    missing folder and any path inside the store."""
+    target = dest.resolve()
+    if store_root is not None:
+        root = store_root.resolve()
+        if target == root or root in target.parents:
+            raise DestinationRejected(f"{dest} is inside the store folder {store_root}",
+                                      reason="destination_in_store",
+                                      hint="Write the export outside the store folder.")
+    if target.is_dir():
+        raise DestinationRejected(f"{dest} is a directory", hint="Give a file name, for "
+                                  "example BUG-20.zip.")
+    if not target.parent.is_dir():
+        raise DestinationRejected(f"the folder {dest.parent} does not exist",
+                                  hint="Create the folder first, or choose another path.")
+    if target.exists() and not force:
+        raise DestinationRejected(f"{dest} already exists", reason="destination_exists",
+                                  hint="Choose a new file name, or pass --force to replace it.")
+    return target
+
+
+def export_package(store: Store, case_id: str, dest: Path, *, force: bool = False,
+                   store_root: Path | None = None) -> ExportSummary:
+    target = check_destination(dest, store_root, force=force)
     ref = store.case(case_id)
     rows = store.generations(ref.package_id)
+    manifests = [store.manifest(ref.package_id, r.generation) for r in rows]
     index = {"format": EXPORT_FORMAT, "package_id": ref.package_id, "case_id": ref.case_id,
-             "generations": [{"generation": r.generation, "manifest_sha256": r.manifest_sha256}
-                             for r in rows]}
+             "generations": [{"generation": m.package_generation,
+                              "manifest_sha256": m.sha256} for m in manifests]}
     blobs: dict[str, int] = {}
-    for r in rows:
-        for entry in json.loads(r.manifest)["files"].values():
-            blobs[entry["sha256"]] = entry["size"]
-    dest = dest.resolve()
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    for m in manifests:
+        for entry in m.files.values():
+            blobs[entry.sha256] = entry.size
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
             zf.writestr(INDEX, artifact_json(index))
-            for r in rows:
-                zf.writestr(f"manifests/{r.generation:06d}.json", bytes(r.manifest))
+            for m in manifests:
+                zf.writestr(f"manifests/{m.package_generation:06d}.json", m.raw)
             for sha, size in sorted(blobs.items()):
                 _write_blob(store, zf, sha, size)
         with tmp.open("rb") as f:
             os.fsync(f.fileno())
-        os.replace(tmp, dest)
+        os.replace(tmp, target)
+        fsync_dir(target.parent)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return ExportSummary(ref.case_id, ref.package_id, len(rows), len(blobs), str(dest))
+    return ExportSummary(ref.case_id, ref.package_id, len(rows), len(blobs), str(target))
 
 
-def _write_blob(store: SqliteStore, zf: zipfile.ZipFile, sha: str, size: int) -> None:
+def _write_blob(store: Store, zf: zipfile.ZipFile, sha: str, size: int) -> None:
     info = zipfile.ZipInfo(f"blobs/{sha}", date_time=(1980, 1, 1, 0, 0, 0))
     info.file_size = size
-    path = store.blob_path(sha)
-    with zf.open(info, "w", force_zip64=size > 2**31) as out:
-        if path is None:
-            out.write(store.read_blob(sha))
-            return
-        with path.open("rb") as f:
-            while chunk := f.read(CHUNK):
-                out.write(chunk)
+    with zf.open(info, "w", force_zip64=size > 2**31) as out, store.open_blob(sha) as f:
+        while chunk := f.read(CHUNK):
+            out.write(chunk)
 
 
 def read_export(path: Path, limits: IntakeLimits) -> ImportRequest:
@@ -103,78 +130,86 @@ def read_export(path: Path, limits: IntakeLimits) -> ImportRequest:
     if archive_kind(path) != "zip":
         raise ImportRejected(f"{label}: not a zip file")
     members = {m.name: m for m in scan_archive(path, "zip", limits, label)}
-    if INDEX not in members or members[INDEX].size > 4 * 1024 * 1024:
+    if INDEX not in members or members[INDEX].size > MAX_INDEX_BYTES:
         raise ImportRejected(f"{label}: {INDEX} is missing or too large")
     with zipfile.ZipFile(path) as zf:
-        index = _json(zf.read(INDEX), f"{label}: {INDEX}")
-        try:
-            if index.get("format") != EXPORT_FORMAT:
-                raise ImportRejected(f"{label}: format {index.get('format')!r} is not "
-                                     f"{EXPORT_FORMAT!r}")
-            package_id, case_id = index["package_id"], validate_case_id(index["case_id"])
-            gens = index["generations"]
-            manifests = tuple(zf.read(f"manifests/{g['generation']:06d}.json") for g in gens)
-        except (KeyError, TypeError, InvalidCaseId) as exc:
-            raise ImportRejected(f"{label}: {INDEX} is malformed ({exc!r})") from exc
-    if not manifests:
-        raise ImportRejected(f"{label}: the export has no generations")
+        package_id, case_id, gens = _parse_index(zf.read(INDEX), label)
+        missing = [f"manifests/{g:06d}.json" for g, _ in gens
+                   if f"manifests/{g:06d}.json" not in members]
+        if missing:
+            raise ImportRejected(f"{label}: missing {missing[:3]}")
+        manifests = [_parse_manifest(zf.read(f"manifests/{g:06d}.json"), sha, label, g)
+                     for g, sha in gens]
     needed: dict[str, int] = {}
-    for i, (g, raw) in enumerate(zip(gens, manifests, strict=True), start=1):
-        _check_manifest(label, i, g, raw, package_id, case_id, needed)
-    expected = {INDEX} | {f"manifests/{i:06d}.json" for i in range(1, len(gens) + 1)} | {
+    previous: Manifest | None = None
+    for m in manifests:
+        where = f"{label}: generation {m.package_generation}"
+        if (m.package_id, m.case_id) != (package_id, case_id):
+            raise ImportRejected(f"{where}: package or case id differs from {INDEX}")
+        problems = successor_violations(previous, m)
+        if problems:
+            raise ImportRejected(f"{where}: {'; '.join(problems)}")
+        for entry in m.files.values():
+            if needed.setdefault(entry.sha256, entry.size) != entry.size:
+                raise ImportRejected(f"{where}: blob {entry.sha256[:12]}… has two sizes")
+        previous = m
+    expected = {INDEX} | {f"manifests/{g:06d}.json" for g, _ in gens} | {
         f"blobs/{sha}" for sha in needed}
     extra = sorted(set(members) - expected)
-    missing = sorted(expected - set(members))
-    if extra or missing:
-        raise ImportRejected(f"{label}: unexpected members {extra[:3]} / missing {missing[:3]}")
+    absent = sorted(expected - set(members))
+    if extra or absent:
+        raise ImportRejected(f"{label}: unexpected members {extra[:3]} / missing {absent[:3]}")
     blobs = {}
     for sha, size in needed.items():
-        m = members[f"blobs/{sha}"]
-        if m.sha256 != sha or m.size != size:
+        member = members[f"blobs/{sha}"]
+        if member.sha256 != sha or member.size != size:
             raise ImportRejected(f"{label}: blob {sha[:12]}… does not match its content")
-        blobs[sha] = ZipMemberSource(archive=path, member=m.name, sha256=sha, size=size)
-    return ImportRequest(package_id=package_id, case_id=case_id, manifests=manifests,
+        blobs[sha] = ZipMemberSource(archive=path, member=member.name, sha256=sha, size=size)
+    return ImportRequest(package_id=package_id, case_id=case_id, manifests=tuple(manifests),
                          blobs=blobs)
 
 
-def _check_manifest(label: str, i: int, g: Any, raw: bytes, package_id: str, case_id: str,
-                    needed: dict[str, int]) -> None:
-    where = f"{label}: generation {i}"
-    if not isinstance(g, dict) or g.get("generation") != i:
-        raise ImportRejected(f"{where}: the generation list is not 1..N")
-    if sha256_hex(raw) != g.get("manifest_sha256"):
-        raise ImportRejected(f"{where}: manifest does not match its recorded sha256")
-    m = _json(raw, where)
-    expect = {"format": PACKAGE_FORMAT, "package_id": package_id, "case_id": case_id,
-              "package_generation": i, "parent_generation": i - 1 if i > 1 else None}
-    for key, value in expect.items():
-        if m.get(key) != value:
-            raise ImportRejected(f"{where}: {key} is {m.get(key)!r}, expected {value!r}")
+def _parse_index(raw: bytes, label: str) -> tuple[str, str, list[tuple[int, str]]]:
+    where = f"{label}: {INDEX}"
     try:
-        files = m["files"]
-        for logical, entry in files.items():
-            validate_logical_path(logical)
-            sha, size = entry["sha256"], entry["size"]
-            if not (isinstance(sha, str) and _BLOB.fullmatch(f"blobs/{sha}")) or \
-                    type(size) is not int or size < 0 or needed.get(sha, size) != size:
-                raise ImportRejected(f"{where}: file {logical!r} has a bad entry")
-            needed[sha] = size
-        for name, target in m["pointers"].items():
-            if target not in files:
-                raise ImportRejected(f"{where}: pointer {name!r} names a missing file")
-        if not isinstance(m["phase"], str) or type(m["analysis_revision"]) is not int:
-            raise ImportRejected(f"{where}: bad phase or analysis_revision")
-        if not isinstance(m["created_at"], str):
-            raise ImportRejected(f"{where}: bad created_at")
-    except (KeyError, TypeError, AttributeError, ChangeRejected) as exc:
-        raise ImportRejected(f"{where}: malformed manifest ({exc!r})") from exc
+        index = loads_untrusted(raw, max_depth=8)
+    except UntrustedJson as exc:
+        raise ImportRejected(f"{where}: {exc}") from exc
+    if not isinstance(index, dict) or set(index) != {"format", "package_id", "case_id",
+                                                     "generations"}:
+        raise ImportRejected(f"{where}: must be an object with exactly format, package_id, "
+                             "case_id and generations")
+    if index["format"] != EXPORT_FORMAT:
+        raise ImportRejected(f"{where}: format {index['format']!r} is not {EXPORT_FORMAT!r}")
+    package_id = index["package_id"]
+    if not isinstance(package_id, str) or not package_id:
+        raise ImportRejected(f"{where}: package_id must be a string")
+    try:
+        case_id = validate_case_id(index["case_id"])
+    except InvalidCaseId as exc:
+        raise ImportRejected(f"{where}: {exc.message}") from exc
+    gens = index["generations"]
+    if not isinstance(gens, list) or not gens:
+        raise ImportRejected(f"{where}: generations must be a non-empty list")
+    out = []
+    for i, g in enumerate(gens, start=1):
+        if not isinstance(g, dict) or set(g) != {"generation", "manifest_sha256"} or \
+                type(g["generation"]) is not int or g["generation"] != i or \
+                not isinstance(g["manifest_sha256"], str) or \
+                _SHA.fullmatch(g["manifest_sha256"]) is None:
+            raise ImportRejected(f"{where}: entry {i} of generations is not "
+                                 f'{{"generation": {i}, "manifest_sha256": "<hex>"}}')
+        out.append((i, g["manifest_sha256"]))
+    return package_id, case_id, out
 
 
-def _json(raw: bytes, where: str) -> dict[str, Any]:
+def _parse_manifest(raw: bytes, sha: str, label: str, gen: int) -> Manifest:
     try:
-        value = json.loads(raw)
-    except ValueError as exc:
-        raise ImportRejected(f"{where}: not valid JSON") from exc
-    if not isinstance(value, dict):
-        raise ImportRejected(f"{where}: not a JSON object")
-    return value
+        manifest = Manifest.parse(raw, sha)
+    except ChangeRejected as exc:
+        raise ImportRejected(f"{label}: generation {gen}: {exc.message}") from exc
+    if manifest.package_generation != gen:
+        raise ImportRejected(f"{label}: manifests/{gen:06d}.json holds generation "
+                             f"{manifest.package_generation}")
+    return manifest
+

@@ -1,12 +1,14 @@
 """The strict cattrs converter used at every edge where untrusted or user data enters.
 
 cattrs coerces silently by default (``"42"`` → 42, ``3.9`` → 3, ``"false"`` → True). Here
-every scalar must already have its exact type (bool is not an int), extra keys are refused,
+every scalar must already have its exact type (bool is not an int), a float must be finite
+(TOML allows ``nan`` and ``inf``), extra keys are refused,
 and errors are flattened into ``"<message> @ <dotted.path>"`` lines that name the key.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
@@ -21,7 +23,12 @@ def _exact(expected: type) -> Callable[[Any, Any], Any]:
         ok = type(value) is expected or (expected is float and type(value) is int)
         if not ok:
             raise TypeError(f"expected {expected.__name__}, got {type(value).__name__}")
-        return float(value) if expected is float else value
+        if expected is float:
+            # TOML has nan and inf; no count, size, delay or ratio means either.
+            if not math.isfinite(value):
+                raise ValueError(f"expected a finite number, got {value}")
+            return float(value)
+        return value
 
     return hook
 

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -9,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from engine import disarm_crash_points
+from viano_bug_analysis import bundled_sample
 from viano_bug_analysis.cli import main
-from viano_bug_analysis.cli._commands import sample_dir
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -33,7 +35,7 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 @pytest.fixture
 def sample() -> Path:
-    return sample_dir()
+    return bundled_sample()
 
 
 @pytest.fixture
@@ -67,11 +69,38 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Cli:
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
-    """Every file under ``root`` with its bytes (lock files excluded: they carry no data)."""
+    """What a store folder holds: every file with its bytes, except that the SQLite index
+    (with its WAL) is represented by its rows, so a checkpoint that moves committed pages
+    from the WAL into the database does not count as a change. Lock files are left out:
+    they carry no data."""
     if not root.exists():
         return {}
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and "locks" not in p.parts}
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if not p.is_file() or "locks" in p.parts:
+            continue
+        if p.name.startswith("store.sqlite3"):
+            if p.name == "store.sqlite3":
+                out["store.sqlite3 (rows)"] = _rows(p)
+            continue
+        out[str(p.relative_to(root))] = p.read_bytes()
+    return out
+
+
+def _rows(db: Path) -> bytes:
+    if db.stat().st_size == 0:
+        return b"(empty file)"
+    import sqlite3
+
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            dump = "\n".join(conn.iterdump())
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError:
+        return db.read_bytes()
+    return dump.encode("utf-8", "surrogateescape")
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -82,3 +111,36 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+def unprivileged() -> list[str] | None:
+    """A command prefix that runs a child without the power to ignore file permissions:
+    as root, ``setpriv`` drops every capability (so mode bits apply again); as another user,
+    nothing is needed. ``None`` if neither is possible here."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return None
+    return [setpriv, "--inh-caps=-all", "--bounding-set=-all", "--"]
+
+
+def run_viano(*args: str | os.PathLike[str], prefix: list[str] | None = None,
+              env: dict[str, str] | None = None, timeout: float = 120,
+              cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``viano`` as a real process (the installed entry point's code path)."""
+    return subprocess.run([*(prefix or []), PYTHON, "-c",
+                           "from viano_bug_analysis.cli import run; run()",
+                           *[str(a) for a in args]], capture_output=True, text=True,
+                          env=env or child_env(), timeout=timeout, check=False, cwd=cwd)
+
+
+def make_readonly(root: Path) -> None:
+    for p in [root, *root.rglob("*")]:
+        mode = p.stat().st_mode
+        p.chmod(mode & ~0o222)
+
+
+def make_writable(root: Path) -> None:
+    for p in [root, *root.rglob("*")]:
+        p.chmod(p.stat().st_mode | 0o200)

@@ -70,3 +70,48 @@ class TestRefusals:
         """A named configuration file that does not exist is an error, not defaults."""
         with pytest.raises(ConfigError, match="not found"):
             Config.load(tmp_path / "absent.toml")
+
+
+NUMBERS = [("hypotheses", "min_hypotheses"), ("hypotheses.limits", "max_context_bytes"),
+           ("retry", "base_delay_s"), ("retry", "max_delay_s"), ("retry", "max_rounds"),
+           ("intake.limits", "max_compression_ratio"), ("intake.limits", "max_members"),
+           ("gateway", "backoff_base_s"), ("gateway", "retry_after_cap_s"),
+           ("gateway", "cooldown_s"), ("interpretation.limits", "max_context_bytes"),
+           ("store", "lease_s")]
+
+
+class TestNonFiniteNumbers:
+    @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "+nan"])
+    @pytest.mark.parametrize("table,key", NUMBERS)
+    def test_nan_and_inf_are_refused_wherever_a_number_is_read(
+            self, tmp_path: Path, table: str, key: str, value: str) -> None:
+        """TOML allows nan and inf; no count, size, delay or ratio means either."""
+        with pytest.raises(ConfigError) as info:
+            _load(tmp_path, f"[{table}]\n{key} = {value}\n")
+        assert key in info.value.message
+
+    @pytest.mark.parametrize("value", ["nan", "inf"])
+    def test_provider_numbers_too(self, tmp_path: Path, value: str) -> None:
+        """A provider's timeout is a number like any other."""
+        with pytest.raises(ConfigError, match="timeout_s"):
+            _load(tmp_path, f'[[providers]]\nname = "a"\nkind = "fixture"\npath = "f"\n'
+                            f"timeout_s = {value}\n")
+
+
+class TestApiKeyEnv:
+    @pytest.mark.parametrize("pasted", ["sk-proj-AbC123xyz", "sk ant 123", "1STARTS_DIGIT",
+                                        "has=equals", "$OPENAI_API_KEY", ""])
+    def test_a_value_that_is_not_a_variable_name_is_refused_unechoed(
+            self, tmp_path: Path, pasted: str) -> None:
+        """api_key_env must name a variable; a pasted key is refused without its value."""
+        with pytest.raises(ConfigError) as info:
+            _load(tmp_path, f'[[providers]]\nname = "a"\nkind = "openai"\n'
+                            f'base_url = "http://x"\nmodel = "m"\napi_key_env = "{pasted}"\n')
+        assert "api_key_env" in info.value.message
+        if pasted:
+            assert pasted not in str(info.value) and pasted not in info.value.hint
+
+    def test_a_variable_name_is_accepted(self, tmp_path: Path) -> None:
+        c = _load(tmp_path, '[[providers]]\nname = "a"\nkind = "openai"\nbase_url = "http://x"'
+                            '\nmodel = "m"\napi_key_env = "OPENAI_API_KEY_2"\n')
+        assert c.providers[0].api_key_env == "OPENAI_API_KEY_2"

@@ -1,164 +1,132 @@
-"""Pin the public faces: callers import from these, never from private modules."""
+"""Pin the public faces (callers import from these, never from private modules) and the
+layering between them."""
 
 from __future__ import annotations
 
 import inspect
+import json
+import subprocess
+from pathlib import Path
 
 import actors
 import engine
 import viano_bug_analysis
+from tests.conftest import PYTHON, child_env
 
 
-def _public(module: object) -> set[str]:
+def _public(module: object) -> list[str]:
     """Public names, not counting submodules (importing one adds it as an attribute)."""
-    return {n for n in dir(module)
-            if not n.startswith("_") and not inspect.ismodule(getattr(module, n))}
+    return sorted(n for n in dir(module)
+                  if not n.startswith("_") and not inspect.ismodule(getattr(module, n)))
 
 
 ENGINE_API = [
-    "ArchiveRejected",
-    "Attachment",
-    "AttemptContext",
-    "AttemptResult",
-    "AuditRecord",
-    "BlobSource",
-    "BytesSource",
-    "CRASH_POINTS",
-    "CaseExists",
-    "CaseLocked",
-    "CaseRef",
-    "Change",
-    "ChangeRejected",
-    "Config",
-    "ConfigError",
-    "EXIT_DEFERRED",
-    "EXIT_INTERNAL",
-    "EXIT_OK",
-    "EXIT_REJECTED",
-    "ExportSummary",
-    "FailureClass",
-    "FileSource",
-    "GatewayConfig",
-    "GcReport",
-    "HttpCall",
-    "HypothesisLimits",
-    "HypothesisPolicy",
-    "INLINE_THRESHOLD",
-    "ImportRejected",
-    "ImportRequest",
-    "InputRejected",
-    "IntakeLimits",
-    "IntakePlan",
-    "InterpretationPolicy",
-    "InvalidAnswer",
-    "InvalidCaseId",
-    "NotFound",
-    "Outcome",
-    "PACKAGE_FORMAT",
-    "Prompt",
-    "ProviderConfig",
-    "PublishRequest",
-    "Published",
-    "ROLES",
-    "Redactor",
-    "RejectedInput",
-    "ReportRejected",
-    "Request",
-    "RetryPolicy",
-    "RoundOutcome",
-    "RoundRequest",
-    "RoundStatus",
-    "SimulatedCrash",
-    "SqliteStore",
-    "StaleGeneration",
-    "StorageError",
-    "VerifyReport",
-    "VianoError",
-    "Violation",
-    "arm_crash_point",
-    "artifact_json",
-    "backoff_delay",
-    "build_call",
-    "canonical_json",
-    "case_lock",
-    "collect_garbage",
-    "disarm_crash_points",
-    "export_package",
-    "fixture_attempt",
-    "http_attempt",
-    "install_log_filter",
-    "make_record",
-    "new_package_id",
-    "no_answer_status",
-    "parse_contracted_json",
-    "prepare_intake",
-    "read_export",
-    "remove_log_filter",
-    "retry_after_seconds",
-    "sha256_hex",
-    "utc_now_iso",
-    "validate_case_id",
-    "verify_store",
+    "ArchiveRejected", "Attachment", "AttemptContext", "AttemptResult", "AuditRecord",
+    "BlobInfo", "BlobSource", "BytesSource", "CRASH_POINTS", "CaseExists", "CaseLocked",
+    "CaseRef", "CaseStatus", "Change", "ChangeRejected", "Config", "ConfigError",
+    "DestinationRejected", "EXIT_BLOCKED", "EXIT_DEFERRED", "EXIT_ERROR", "EXIT_INTERNAL",
+    "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_REJECTED", "EXIT_RETRY_PENDING", "ExportSummary",
+    "FailureClass", "FileEntry", "FileSource", "GatewayCancelled", "GatewayConfig",
+    "GatewayError", "GcReport", "GenerationRow", "HttpCall", "HypothesisLimits",
+    "HypothesisPolicy", "INLINE_THRESHOLD", "ImportRejected", "ImportRequest", "InputRejected",
+    "IntakeLimits", "IntakePlan", "InterpretationLimits", "InterpretationPolicy",
+    "InvalidAnswer", "InvalidCaseId", "Manifest", "NotAStore", "NotFound", "Outcome",
+    "PACKAGE_FORMAT", "PHASE_CHECKS", "PackageCheck", "PlanInput", "Prompt", "ProviderConfig",
+    "PublishRequest", "Published", "ROLES", "Redactor", "RejectedInput", "ReportRejected",
+    "Request", "RetryPolicy", "RoundOutcome", "RoundRequest", "RoundStatus", "STATUSES",
+    "SimulatedCrash", "SqliteStore", "StaleGeneration", "StatusRequest", "StorageError",
+    "Store", "StoreConfig", "StoreStats", "UntrustedJson", "UsageError", "VerifyReport",
+    "VianoError", "Violation", "arm_crash_point", "artifact_json", "backoff_delay",
+    "build_call", "build_manifest", "canonical_json", "check_destination", "collect_garbage",
+    "crash_point", "disarm_crash_points", "encode_manifest", "export_package",
+    "fixture_attempt", "http_attempt", "install_log_filter", "iso_utc", "loads_untrusted",
+    "make_record", "markdown_block", "markdown_inline", "new_package_id", "no_answer_status",
+    "open_backend", "parse_contracted_json", "plan_batch", "prepare_intake", "read_export",
+    "remove_log_filter", "retry_after_seconds", "sha256_hex", "successor_violations",
+    "terminal_safe", "utc_now_iso", "validate_case_id", "verify_store",
+]
+
+ACTORS_API = [
+    "GatewayHandle", "GatewayPool", "ProviderStats", "PublishMsg", "PublisherStats", "Snapshot",
+    "StoreHandle", "mailbox", "open_gateway", "open_store", "run_gateway_pool", "run_publisher",
+]
+
+FACE_API = [
+    "ArchiveRejected", "Attachment", "AuditRecord", "CaseExists", "CaseLocked", "CaseStatus",
+    "Change", "Config", "ConfigError", "FailureClass", "GatewayCancelled", "GatewayConfig",
+    "GatewayError", "GatewayHandle", "HypothesisLimits", "HypothesisPolicy", "IntakeLimits",
+    "IntakePlan", "InterpretationPolicy", "Manifest", "NotFound", "Prompt", "ProviderConfig",
+    "ProviderStats", "Published", "RejectedInput", "RetryPolicy", "RoundOutcome",
+    "RoundRequest", "RoundStatus", "Snapshot", "StaleGeneration", "StorageError", "StoreHandle",
+    "VianoError", "bundled_sample", "open_gateway", "open_store", "prepare_intake",
 ]
 
 
 def test_engine_face() -> None:
     """engine re-exports exactly its curated API (a change here is an API change)."""
-    assert sorted(_public(engine)) == ENGINE_API
+    assert _public(engine) == ENGINE_API
 
 
 def test_actors_face() -> None:
-    """actors exposes the publisher, the gateway pool and their handles."""
-    assert _public(actors) == {
-        "GatewayCancelled", "GatewayHandle", "GatewayPool", "PublishMsg", "PublisherStats",
-        "StoreHandle", "mailbox", "open_gateway", "open_store", "run_gateway_pool",
-        "run_publisher"}
+    """actors exposes the actors, their handles and their messages."""
+    assert _public(actors) == ACTORS_API
 
 
 def test_public_face() -> None:
-    """viano_bug_analysis is the embedding face: store, gateway, intake, rounds."""
-    assert _public(viano_bug_analysis) == {
-        "Attachment", "AuditRecord", "Config", "FailureClass", "GatewayHandle", "IntakePlan",
-        "Prompt", "Published", "RoundOutcome", "RoundRequest", "RoundStatus", "StoreHandle",
-        "VianoError", "open_gateway", "open_store", "prepare_intake", "verify_store"}
+    """viano_bug_analysis is the embedding face: what a host needs, and nothing private."""
+    assert _public(viano_bug_analysis) == FACE_API
 
 
-async def test_embedding_through_the_face(tmp_path: object) -> None:
-    """The face alone is enough to intake the sample and run a fixture round."""
-    from pathlib import Path
+LAYERS = """
+import json, sys
+import {module}
+loaded = sorted({m.split(".")[0] for m in sys.modules})
+print(json.dumps(loaded))
+"""
 
-    from engine import ProviderConfig
-    from viano_bug_analysis.cli._commands import sample_dir
 
-    root = Path(str(tmp_path))
-    fixtures = root / "fx" / "interpretation_v1"
+def _loaded_by(module: str) -> set[str]:
+    proc = subprocess.run([PYTHON, "-c", LAYERS.replace("{module}", module)],
+                          capture_output=True, text=True, env=child_env(), timeout=60,
+                          check=True)
+    return set(json.loads(proc.stdout))
+
+
+def test_engine_never_loads_actors_or_trio() -> None:
+    """Importing engine, in a fresh interpreter, loads neither actors, the face, trio nor
+    trio-util (checked in sys.modules, not by reading source)."""
+    loaded = _loaded_by("engine")
+    assert not loaded & {"actors", "viano_bug_analysis", "trio", "trio_util"}, loaded
+
+
+def test_actors_never_load_the_face() -> None:
+    """actors depends on engine only, never on the public face or the CLI."""
+    loaded = _loaded_by("actors")
+    assert "engine" in loaded and "viano_bug_analysis" not in loaded, loaded
+
+
+async def test_embedding_through_the_face_alone(tmp_path: Path) -> None:
+    """The face alone is enough to intake the sample, read it back through a snapshot and
+    run a fixture round — no import from engine, actors or the CLI."""
+    import viano_bug_analysis as v
+
+    fixtures = tmp_path / "fx" / "interpretation_v1"
     fixtures.mkdir(parents=True)
     (fixtures / "default.json").write_text('{"summary": "s"}')
-    config = viano_bug_analysis.Config.defaults()
-    sample = sample_dir()
-    plan = viano_bug_analysis.prepare_intake(
-        sample / "report.json", [viano_bug_analysis.Attachment("diagnostics",
-                                                               sample / "wowdiag.zip")],
-        case_id=None, limits=config.intake.limits)
-    provider = ProviderConfig(name="fx", kind="fixture", path=str(root / "fx"))
-    async with viano_bug_analysis.open_store(root / "store") as store, \
-            viano_bug_analysis.open_gateway([provider], config.gateway) as gateway:
+    config = v.Config.defaults()
+    sample = v.bundled_sample()
+    plan = v.prepare_intake(sample / "report.json",
+                            [v.Attachment("diagnostics", sample / "wowdiag.zip")],
+                            case_id=None, limits=config.intake.limits)
+    provider = v.ProviderConfig(name="fx", kind="fixture", path=str(tmp_path / "fx"))
+    async with v.open_gateway([provider], config.gateway) as gateway, \
+            v.open_store(tmp_path / "store") as store:
         published = await store.intake(plan)
-        catalogue = await store.read_file(published.case_id, "case/catalogue.json")
-        outcome = await gateway.round(viano_bug_analysis.RoundRequest(viano_bug_analysis.Prompt(
+        snap = await store.snapshot(published.case_id)
+        catalogue = await snap.read("case/catalogue.json")
+        outcome = await gateway.round(v.RoundRequest(v.Prompt(
             "interpretation_v1", "system", "{}", {"type": "object"}, published.case_id)))
-    assert published.case_id == "BUG-20" and published.generation == 1
-    assert outcome.status is viano_bug_analysis.RoundStatus.ANSWER
+    assert published.case_id == "BUG-20" and snap.generation == published.generation == 1
+    assert outcome.status is v.RoundStatus.ANSWER
     assert outcome.parsed == {"summary": "s"}
     assert b'"source_id": "S1"' in catalogue
-
-
-def test_engine_never_imports_actors() -> None:
-    """The layering rule: engine/ does not import actors/ or trio."""
-    from pathlib import Path
-
-    root = Path(engine.__file__).parent
-    for path in root.rglob("*.py"):
-        text = path.read_text()
-        assert "import actors" not in text and "from actors" not in text, path
-        assert "import trio" not in text, path

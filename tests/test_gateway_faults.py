@@ -36,7 +36,10 @@ CASES = {
     "oversized": (INV, {"output_limit_exceeded"}, RoundStatus.INVALID_ANSWER, 1),
     "empty": (INV, {"empty_content"}, RoundStatus.INVALID_ANSWER, 1),
     "prose": (INV, {"not_json"}, RoundStatus.INVALID_ANSWER, 1),
-    "extra_keys": (INV, {"contract_violation"}, RoundStatus.INVALID_ANSWER, 1),
+    # Content is the phase's to judge: one JSON object is an answer, whatever its keys.
+    "extra_keys": (None, {"ok"}, RoundStatus.ANSWER, 1),
+    "deep": (INV, {"json_too_deep"}, RoundStatus.INVALID_ANSWER, 1),
+    "duplicate_keys": (INV, {"json_duplicate_key"}, RoundStatus.INVALID_ANSWER, 1),
     "list": (INV, {"not_an_object"}, RoundStatus.INVALID_ANSWER, 1),
 }
 
@@ -70,7 +73,8 @@ class TestFaultModes:
             assert a.provider == "p1" and a.kind == kind
         assert [a.retry for a in outcome.attempts] == list(range(n_attempts))
         if status is RoundStatus.ANSWER:
-            assert outcome.parsed == {"summary": "ok", "items": ["a", "b"]}
+            extra = {"confidence": 0.9} if mode == "extra_keys" else {}
+            assert outcome.parsed == {"summary": "ok", "items": ["a", "b"], **extra}
             assert outcome.provider == "p1" and outcome.raw is not None
         if mode == "429-ms":
             assert outcome.attempts[0].retry_after_s == pytest.approx(0.02)

@@ -6,12 +6,15 @@ import itertools
 import json
 import random
 
+import attrs
 import httpx
 import pytest
 import trio
+import trio.lowlevel
+import trio.testing
 
-from actors import open_gateway
-from engine import FailureClass, GatewayConfig, RoundStatus
+from actors import GatewayHandle, open_gateway
+from engine import FailureClass, GatewayConfig, RoundOutcome, RoundStatus
 from tests.gateway_helpers import ENV, FAST, SECRET, dump, provider, request
 from tests.loopback import LoopbackServer, dead_port
 
@@ -236,22 +239,37 @@ class TestShards:
 
 class TestCancellation:
     async def test_cancelled_requesters_leak_no_slot(self, nursery: trio.Nursery) -> None:
-        """Requesters cancelled at many points mid-request release their limiter slots and
-        connections; the pool keeps serving others."""
+        """Requesters cancelled at many points — before sending, while queued, while the
+        server is answering — release their limiter slots and connections; the pool keeps
+        serving others."""
         srv = LoopbackServer(default_mode="drip", drip_interval_s=0.01)
         await nursery.start(srv.serve)
         rng = random.Random(11)
         p = provider("a", "openai", srv.openai_url, max_concurrency=3, timeout_s=30)
         async with open_gateway([p], GatewayConfig(max_connections=3), environ=ENV) as gw:
             limiter = gw.pool.states[0].limiter
-            for _ in range(30):
-                with trio.move_on_after(rng.uniform(0.0, 0.05)):
-                    await gw.round(request())
-            await trio.sleep(0.05)  # let cancelled rounds unwind
+            for i in range(30):
+                async with trio.open_nursery() as one:
+                    scope = trio.CancelScope()
+
+                    async def call(scope: trio.CancelScope = scope) -> None:
+                        with scope:
+                            await gw.round(request())
+
+                    one.start_soon(call)
+                    if i % 3 == 2:  # once the server has the request in hand
+                        seen = len(srv.requests)
+                        while len(srv.requests) == seen:
+                            await trio.testing.wait_all_tasks_blocked()
+                    for _ in range(rng.randrange(20)):
+                        await trio.lowlevel.checkpoint()
+                    scope.cancel()
+            await trio.testing.wait_all_tasks_blocked()  # cancelled rounds have unwound
             assert limiter.borrowed_tokens == 0
             assert gw.pool.states[0].in_flight == [0]
+            assert len(srv.requests) >= 10  # many really reached the server
             srv.default_mode = "ok"
-            with trio.fail_after(5):  # would hang if connections or slots had leaked
+            with trio.fail_after(30):  # a guard against a hang, not a timing check
                 async with trio.open_nursery() as inner:
                     for _ in range(6):
                         inner.start_soon(gw.round, request())
@@ -269,9 +287,11 @@ class TestCancellation:
         assert client is not None and client.is_closed
 
     async def test_queued_rounds_are_answered_when_the_pool_stops(self) -> None:
-        """Rounds still in the mailbox when the actor ends are answered, not left waiting."""
-        from actors import GatewayCancelled, GatewayHandle, GatewayPool, run_gateway_pool
+        """Rounds still in the mailbox when the actor is cancelled are answered (with
+        GatewayCancelled, a VianoError), not left waiting."""
+        from actors import GatewayHandle, GatewayPool, run_gateway_pool
         from actors._gateway_pool import RoundMsg
+        from engine import GatewayCancelled, VianoError
 
         pool = GatewayPool([provider("a", "openai", "http://127.0.0.1:9/v1")], FAST,
                            environ=ENV)
@@ -285,15 +305,64 @@ class TestCancellation:
             except GatewayCancelled as exc:
                 results.append(exc)
 
-        with trio.fail_after(5):
-            async with trio.open_nursery() as nursery:
-                for _ in range(3):
-                    nursery.start_soon(requester)
-                await trio.sleep(0.01)  # all three are queued
-                with trio.CancelScope() as scope:
-                    scope.cancel()  # the actor is stopped before it serves anything
-                    await run_gateway_pool(recv, pool)
-        assert len(results) == 3
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(requester)
+            await trio.testing.wait_all_tasks_blocked()  # all three are queued
+            with trio.CancelScope() as scope:
+                scope.cancel()  # the actor is stopped before it serves anything
+                await run_gateway_pool(recv, pool)
+        assert len(results) == 3 and all(isinstance(e, VianoError) for e in results)
+        assert results[0].reason == "gateway_cancelled"  # type: ignore[attr-defined]
+
+    async def test_closing_drains_rounds_in_flight(self, nursery: trio.Nursery) -> None:
+        """Rounds already being served when the gateway's block exits finish with their
+        answers before the clients close (an actor that cancelled them instead would
+        answer GatewayCancelled here)."""
+        srv = LoopbackServer(default_mode="held")
+        await nursery.start(srv.serve)
+        outcomes: list[RoundOutcome] = []
+
+        async def call(gw: GatewayHandle) -> None:
+            outcomes.append(await gw.round(request()))
+
+        async with trio.open_nursery() as callers, open_gateway(
+                [provider("a", "openai", srv.openai_url)], FAST, environ=ENV) as gw:
+            for _ in range(4):
+                callers.start_soon(call, gw)
+            while srv.held < 4:
+                await trio.testing.wait_all_tasks_blocked()
+            callers.start_soon(_release_when_closing, srv)
+        # the gateway's block exited first: every round was answered before clients closed
+        assert [o.status for o in outcomes] == [RoundStatus.ANSWER] * 4
+
+    async def test_a_closed_gateway_says_so(self) -> None:
+        """A round sent through a handle whose gateway is closed is a GatewayError."""
+        from engine import GatewayError
+
+        async with open_gateway([provider("a", "openai", "http://127.0.0.1:9/v1")], FAST,
+                                environ=ENV) as gw:
+            pass
+        with pytest.raises(GatewayError) as info:
+            await gw.round(request())
+        assert info.value.reason == "gateway_closed"
+
+    async def test_stats_count_answers_failures_and_cooldowns(self,
+                                                              nursery: trio.Nursery) -> None:
+        """Per-provider statistics: answers, failures by class and cooldown skips."""
+        srv = LoopbackServer()
+        await nursery.start(srv.serve)
+        cfg = attrs.evolve(FAST, cooldown_after=1, cooldown_s=600)
+        providers = [provider("down", "openai", f"http://127.0.0.1:{dead_port()}/v1",
+                              retries=0),
+                     provider("up", "openai", srv.openai_url)]
+        async with open_gateway(providers, cfg, environ=ENV) as gw:
+            for _ in range(3):
+                assert (await gw.round(request())).status is RoundStatus.ANSWER
+            stats = {name: s.to_json() for name, s in gw.pool.stats.items()}
+        assert stats == {"down": {"answers": 0, "failures": {"unavailable": 1},
+                                  "cooldown_skips": 2},
+                         "up": {"answers": 3, "failures": {}, "cooldown_skips": 0}}
 
     async def test_missing_api_key_is_configuration(self) -> None:
         """An unset api_key_env is a configuration failure: nothing is sent."""
@@ -302,3 +371,9 @@ class TestCancellation:
             out = await gw.round(request())
         assert out.status is RoundStatus.CONFIGURATION
         assert out.attempts[0].detail == "missing_api_key"
+
+
+async def _release_when_closing(srv: LoopbackServer) -> None:
+    """Runs once the gateway's block has begun to exit: only then may the held answers go."""
+    await trio.testing.wait_all_tasks_blocked()
+    srv.release.set()

@@ -45,3 +45,85 @@ async def test_no_secret_anywhere(nursery: trio.Nursery, kind: str,
     assert any(SECRET in r.headers.get("authorization", "") + r.headers.get("x-api-key", "")
                for r in srv.requests)
     assert any(QUERY_SECRET in r.path for r in srv.requests)  # it really was sent
+
+
+LEAKY = "sk-LEAK/9f+Q7e2d1c0b8a6Zx"
+QUERY = "qk-LEAK-4d3c2b1a0f9e8d"
+PASSWORD = "pw-LEAK-8e7d6c5b4a39"
+
+
+def _fragments(secret: str, n: int = 8) -> list[str]:
+    return [secret[i:i + n] for i in range(len(secret) - n + 1)]
+
+
+def _decodings(text: str) -> list[str]:
+    """``text`` as it is and with every escaping an echo may use undone."""
+    import html
+    import re
+    from urllib.parse import unquote_plus
+
+    unicode = re.sub(r"\\+u([0-9a-fA-F]{4})", lambda m: chr(int(m.group(1), 16)), text)
+    slashes = re.sub(r"\\+/", "/", unicode)
+    return [text, slashes, unquote_plus(unquote_plus(slashes)), html.unescape(slashes)]
+
+
+@pytest.mark.parametrize("where", ["header key", "query parameter", "url userinfo"])
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+async def test_no_echo_of_a_secret_survives_in_any_form(nursery: trio.Nursery, kind: str,
+                                                        where: str) -> None:
+    """Every echo class seen in the wild — JSON-, \\u-, URL- and HTML-escaped, in a
+    redirect's Location, an echoed path or header, across the audit cut and the output cut
+    — of a key in a header, a key-like query parameter or URL userinfo, logged at DEBUG on
+    the root logger (every child logger, httpcore.http11 included): no run of 8 characters
+    of the secret, in any of those encodings, is in a record, a log line, an exception or
+    the output."""
+    import base64
+    from io import StringIO
+
+    from tests.loopback.server import ECHO_MODES
+
+    srv = LoopbackServer(retry_after="0")
+    await nursery.start(srv.serve)
+    stream = StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    base = srv.openai_url if kind == "openai" else srv.anthropic_url
+    env: dict[str, str] = {}
+    if where == "header key":
+        secrets, key_env = [LEAKY], "VIANO_LEAK_KEY"
+        env = {key_env: LEAKY}
+    elif where == "query parameter":
+        secrets, key_env = [QUERY], None
+        base += f"?api_key={QUERY}&v=1"
+    else:
+        basic = base64.b64encode(f"user:{PASSWORD}".encode()).decode()
+        secrets, key_env = [PASSWORD, basic], None
+        base = base.replace("http://", f"http://user:{PASSWORD}@")
+    cfg = GatewayConfig(backoff_base_s=0.01, backoff_max_s=0.01, cooldown_after=1000,
+                        max_output_bytes=srv.output_cut)
+    texts = []
+    try:
+        async with open_gateway([provider("leaky", kind, base, timeout_s=2.0, retries=0,
+                                          api_key_env=key_env)], cfg, environ=env) as gw:
+            for mode in ECHO_MODES:
+                srv.push(mode)
+                try:
+                    texts.append(dump(await gw.round(request())))
+                except Exception as exc:
+                    texts.append(repr(exc) + str(exc))
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+    everything = "\n".join([*texts, stream.getvalue()])
+    assert "httpcore.http11" in everything  # the child loggers really were heard
+    decoded = _decodings(everything)
+    for secret in secrets:
+        survivors = [f for f in _fragments(secret) for d in decoded if f in d]
+        assert not survivors, (secret, survivors[:3])
+    sent = "".join(r.headers.get("authorization", "") + r.headers.get("x-api-key", "") + r.path
+                   for r in srv.requests)
+    assert secrets[-1] in sent  # it really was sent, so every echo had it to repeat

@@ -113,7 +113,7 @@ class TestFixtureProvider:
         base = tmp_path / "fixtures" / "hypotheses_v1"
         base.mkdir(parents=True)
         (base / "BUG-20.json").write_text('```json\n{"summary": "s", "items": []}\n```')
-        (base / "default.json").write_text('{"summary": "d", "items": [], "x": 1}')
+        (base / "default.json").write_text('Sure! {"summary": "d", "items": []}')
         p = ProviderConfig(name="fx", kind="fixture", path=str(tmp_path / "fixtures"))
         async with open_gateway([p], FAST) as gw:
             one = await gw.round(request("BUG-20"))
@@ -122,7 +122,7 @@ class TestFixtureProvider:
         assert one.status is RoundStatus.ANSWER and one.parsed == {"summary": "s", "items": []}
         assert one.parsed == two.parsed and one.content == two.content
         assert other.status is RoundStatus.INVALID_ANSWER
-        assert other.attempts[0].detail == "contract_violation"
+        assert other.attempts[0].detail == "not_json"
         missing = ProviderConfig(name="fx", kind="fixture", path=str(tmp_path / "nowhere"))
         async with open_gateway([missing], FAST) as gw:
             none = await gw.round(request("BUG-20"))

@@ -1,61 +1,81 @@
-"""The cross-process case lock is non-blocking: a busy lock is reported, never waited on."""
+"""The case lease is non-blocking: a busy lease is reported, never waited on. The SQLite
+backend implements it with flock, which the OS releases when a holder dies."""
 
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from engine import CaseLocked, case_lock
+from engine import CaseLocked, SqliteStore
 from tests.conftest import PYTHON, Cli, child_env
 
 HOLDER = """
-import sys, time
-from pathlib import Path
-from engine import case_lock
-with case_lock(Path(sys.argv[1]), sys.argv[2]):
+import sys
+from engine import SqliteStore
+store = SqliteStore.open(sys.argv[1], write=True)
+with store.lease(sys.argv[2]):
     print("locked", flush=True)
-    time.sleep(60)
+    sys.stdin.read()  # held until the test closes our stdin or kills us
 """
 
 
 @pytest.fixture
 def holder(tmp_path: Path):  # type: ignore[no-untyped-def]
     proc = subprocess.Popen([PYTHON, "-c", HOLDER, str(tmp_path / "store"), "BUG-20"],
-                            stdout=subprocess.PIPE, text=True, env=child_env())
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=child_env())
     assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
     yield proc
     proc.kill()
     proc.wait(timeout=10)
-    proc.stdout.close()
+    for stream in (proc.stdin, proc.stdout):
+        assert stream is not None
+        stream.close()
 
 
-class TestCaseLock:
+class TestLease:
     def test_same_process_second_holder_is_refused(self, tmp_path: Path) -> None:
-        """A second acquisition fails at once with reason 'locked'."""
-        with case_lock(tmp_path, "A-1"), pytest.raises(CaseLocked) as info, \
-                case_lock(tmp_path, "A-1"):
+        """A second lease on the same case fails at once with reason 'locked', even in the
+        same process; it is free again after release."""
+        store = SqliteStore.open(tmp_path / "s", write=True)
+        with store.lease("A-1"), pytest.raises(CaseLocked) as info, store.lease("A-1"):
             pass
         assert info.value.reason == "locked" and info.value.exit_code == 11
-        with case_lock(tmp_path, "A-1"):  # released again
+        with store.lease("A-1"), store.lease("A-2"):  # released; other cases independent
             pass
+        store.close()
 
     def test_other_process_holds_it(self, tmp_path: Path, holder: subprocess.Popen[str]) -> None:
-        """A lock held by another process is reported immediately, without waiting."""
-        t0 = time.monotonic()
-        with pytest.raises(CaseLocked), case_lock(tmp_path / "store", "BUG-20"):
+        """A lease held by another process is refused without waiting (the call returns
+        while the holder still holds it: it would block forever otherwise)."""
+        store = SqliteStore.open(tmp_path / "store", write=True)
+        with pytest.raises(CaseLocked), store.lease("BUG-20"):
             pass
-        assert time.monotonic() - t0 < 1.0
+        assert holder.poll() is None
+        store.close()
 
     def test_released_when_the_holder_dies(self, tmp_path: Path,
                                            holder: subprocess.Popen[str]) -> None:
-        """The OS releases the lock of a killed process."""
+        """The OS releases the lease of a killed process."""
         holder.kill()
         holder.wait(timeout=10)
-        with case_lock(tmp_path / "store", "BUG-20"):
+        store = SqliteStore.open(tmp_path / "store", write=True)
+        with store.lease("BUG-20"):
             pass
+        store.close()
+
+    def test_lease_names_are_validated(self, tmp_path: Path) -> None:
+        """A case id that is not valid never becomes a lock file path."""
+        from engine import InvalidCaseId
+
+        store = SqliteStore.open(tmp_path / "s", write=True)
+        for bad in ("../x", "a/b", "", ".hidden"):
+            with pytest.raises(InvalidCaseId), store.lease(bad):
+                pass
+        assert not (tmp_path / "x.lock").exists()
+        store.close()
 
     def test_intake_of_a_locked_case_is_deferred(self, tmp_path: Path, cli: Cli, sample: Path,
                                                  holder: subprocess.Popen[str]) -> None:

@@ -7,11 +7,13 @@ import shutil
 import zipfile
 from pathlib import Path
 
+import pytest
 import trio
 
 from actors import open_store
-from engine import BytesSource, Change, PublishRequest, SqliteStore
-from tests.conftest import Cli
+from engine import BytesSource, Change, PublishRequest
+from tests.conftest import Cli, snapshot
+from tests.store_helpers import open_ro
 
 
 def _intake_and_advance(cli: Cli, sample: Path, store: Path) -> None:
@@ -26,13 +28,13 @@ def _intake_and_advance(cli: Cli, sample: Path, store: Path) -> None:
             for gen in range(ref.generation, ref.generation + 2):
                 await handle.publish(PublishRequest(ref.package_id, "BUG-20", gen, Change(
                     files={f"analysis/x/{gen}.json": BytesSource.of(b"[1]" * 400 * gen)},
-                    phase="INTERPRETING")))
+                    phase="INTERPRETING_CASE")))
 
     trio.run(advance)
 
 
 def _history(store: Path) -> list[tuple[int, str, bytes]]:
-    s = SqliteStore.open(store, create=False)
+    s = open_ro(store)
     ref = s.case("BUG-20")
     rows = [(r.generation, r.manifest_sha256, bytes(r.manifest)) for r in
             s.generations(ref.package_id)]
@@ -87,6 +89,61 @@ class TestRoundTrip:
         assert r.code == 2
         assert r.json["error"]["reason"] == "case_exists"  # type: ignore[index]
         assert _history(b) == before
+
+
+class TestExportDestinations:
+    """An export never overwrites what it should not, and a bad destination is a refusal
+    (exit 2) with nothing written."""
+
+    @pytest.fixture
+    def store(self, cli: Cli, sample: Path, tmp_path: Path) -> Path:
+        store = tmp_path / "s"
+        assert cli("intake", "--store", store, "--report", sample / "report.json").code == 0
+        return store
+
+    def test_an_existing_file_needs_force(self, cli: Cli, store: Path, tmp_path: Path) -> None:
+        dest = tmp_path / "mine.zip"
+        dest.write_bytes(b"precious")
+        r = cli("export", "--json", "--store", store, "BUG-20", dest)
+        assert r.code == 2 and r.json["error"]["reason"] == "destination_exists"  # type: ignore[index]
+        assert dest.read_bytes() == b"precious"
+        assert cli("export", "--store", store, "BUG-20", dest, "--force").code == 0
+        assert zipfile.is_zipfile(dest)
+
+    @pytest.mark.parametrize("inside", ["store.sqlite3", "store-id", "blobs/x.zip",
+                                        "new.zip", "."])
+    def test_a_path_inside_the_store_is_always_refused(self, cli: Cli, store: Path,
+                                                       inside: str) -> None:
+        before = snapshot(store)
+        for force in ([], ["--force"]):
+            r = cli("export", "--json", "--store", store, "BUG-20", store / inside, *force)
+            assert r.code == 2, (inside, r.out)
+            assert r.json["error"]["reason"] == "destination_in_store"  # type: ignore[index]
+        assert snapshot(store) == before
+
+    def test_a_symlink_into_the_store_is_refused(self, cli: Cli, store: Path,
+                                                 tmp_path: Path) -> None:
+        link = tmp_path / "innocent.zip"
+        link.symlink_to(store / "store.sqlite3")
+        before = snapshot(store)
+        r = cli("export", "--json", "--store", store, "BUG-20", link, "--force")
+        assert r.json["error"]["reason"] == "destination_in_store"  # type: ignore[index]
+        assert snapshot(store) == before
+
+    def test_a_directory_or_a_missing_folder_is_a_refusal(self, cli: Cli, store: Path,
+                                                          tmp_path: Path) -> None:
+        for dest in (tmp_path, tmp_path / "no" / "such" / "folder.zip"):
+            r = cli("export", "--json", "--store", store, "BUG-20", dest)
+            assert r.code == 2, r.out
+            assert r.json["error"]["reason"] == "destination_invalid"  # type: ignore[index]
+        assert not (tmp_path / "no").exists()
+
+    def test_no_temporary_file_is_left_behind(self, cli: Cli, store: Path,
+                                              tmp_path: Path) -> None:
+        out = tmp_path / "out"
+        out.mkdir()
+        assert cli("export", "--store", store, "BUG-20", out / "a.zip").code == 0
+        assert sorted(p.name for p in out.iterdir()) == ["a.zip"]
 
 
 def _intake_and_advance_existing(store: Path) -> None:

@@ -1,6 +1,6 @@
 """Property tests of the generation chain: random publications, stale publications, mixed
-batches and concurrent publishers keep every chain linear and every earlier generation
-byte-identical."""
+batches, write-once replacements and concurrent publishers keep every chain linear and
+every earlier generation byte-identical."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from engine import (
     BytesSource,
     CaseExists,
     Change,
+    ChangeRejected,
     Published,
     PublishRequest,
     SqliteStore,
@@ -27,9 +28,10 @@ from engine import (
     verify_store,
 )
 
-PATHS = st.sampled_from(["inputs/a.txt", "inputs/b.log", "case/x.json", "analysis/h/1.json"])
+WRITE_ONCE = ["inputs/a.txt", "inputs/b.log", "case/x.json", "analysis/h/1.json"]
+PATHS = st.sampled_from([*WRITE_ONCE, "notes/n.txt", "extra/e.bin"])
 CONTENT = st.binary(min_size=0, max_size=64)
-PHASES = st.sampled_from(["INTAKE", "INTERPRETING", "GENERATING_HYPOTHESES"])
+PHASES = st.sampled_from(["INTAKE", "INTERPRETING_CASE", "GENERATING_HYPOTHESES"])
 
 
 class ChainMachine(RuleBasedStateMachine):
@@ -40,7 +42,7 @@ class ChainMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = tempfile.TemporaryDirectory()
         # A tiny inline threshold exercises both blob paths (row and fsynced file).
-        self.store = SqliteStore.open(Path(self.dir.name), create=True, inline_threshold=32)
+        self.store = SqliteStore.open(Path(self.dir.name), write=True, inline_threshold=32)
         self.packages: dict[str, str] = {}            # case_id -> package_id
         self.heads: dict[str, int] = {}               # case_id -> generation
         self.history: dict[tuple[str, int], bytes] = {}
@@ -63,8 +65,8 @@ class ChainMachine(RuleBasedStateMachine):
         self.packages[case] = out.package_id
         assert out.generation == self.heads.get(case, 0) + 1
         self.heads[case] = out.generation
-        self.history[(case, out.generation)] = self.store.manifest_bytes(
-            out.package_id, out.generation)
+        self.history[(case, out.generation)] = self.store.manifest(
+            out.package_id, out.generation).raw
 
     @rule(case=st.sampled_from(["A", "B", "C"]), files=st.dictionaries(PATHS, CONTENT),
           phase=PHASES)
@@ -83,12 +85,20 @@ class ChainMachine(RuleBasedStateMachine):
         case = data.draw(st.sampled_from(sorted(self.packages)))
         head = self.heads[case]
         parent = json.loads(self.history[(case, head)])
-        out = self.store.commit_batch([self._request(case, head, files, phase)])[0]
+        req = self._request(case, head, files, phase)
+        out = self.store.commit_batch([req])[0]
+        rewrites = [p for p, src in req.change.files.items() if p in WRITE_ONCE
+                    and p in parent["files"] and parent["files"][p]["sha256"] != src.sha256]
+        if rewrites:  # a write-once file replaced: the whole request is refused
+            assert isinstance(out, ChangeRejected), out
+            assert self.store.case(case).generation == head
+            return
         assert isinstance(out, Published)
         self._record(case, out)
         for path, entry in parent["files"].items():
+            got = out.manifest.files[path]
             if path not in files:  # not named in the change: exactly the parent's entry
-                assert out.manifest["files"][path] == entry
+                assert (got.sha256, got.size) == (entry["sha256"], entry["size"])
 
     @precondition(lambda self: bool(self.packages))
     @rule(data=st.data(), lag=st.integers(min_value=1, max_value=5))
@@ -105,7 +115,7 @@ class ChainMachine(RuleBasedStateMachine):
         """n requests on the same parent in one transaction: exactly the first commits."""
         case = data.draw(st.sampled_from(sorted(self.packages)))
         head = self.heads[case]
-        reqs = [self._request(case, head, {"inputs/a.txt": bytes([i])}, None) for i in range(n)]
+        reqs = [self._request(case, head, {"notes/n.txt": bytes([i])}, None) for i in range(n)]
         outs = self.store.commit_batch(reqs)
         assert isinstance(outs[0], Published)
         assert all(isinstance(o, StaleGeneration) for o in outs[1:])
@@ -144,7 +154,7 @@ class TestConcurrentPublishers:
         publication is a distinct generation, the chain is linear, stale ones wrote nothing."""
         with tempfile.TemporaryDirectory() as tmp:
             acked = trio.run(_race, Path(tmp), tasks, each, group_commit)
-            store = SqliteStore.open(Path(tmp), create=False)
+            store = SqliteStore.open(Path(tmp), write=False)
             rows = store.generations(acked["pkg"])
             assert len(rows) == 1 + tasks * each
             assert sorted(acked["gens"]) == list(range(2, 2 + tasks * each))
@@ -162,7 +172,7 @@ async def _race(root: Path, tasks: int, each: int, group_commit: bool) -> dict: 
     async with open_store(root, group_commit=group_commit) as store:
         first = await store.publish(PublishRequest(pkg, "RACE-1", None, Change(
             files={"inputs/r.txt": BytesSource.of(b"r")}, phase="INTAKE")))
-        manifests[1] = store.store.manifest_bytes(pkg, 1)
+        manifests[1] = first.manifest.raw
         assert first.generation == 1
 
         async def worker(w: int) -> None:
@@ -172,11 +182,12 @@ async def _race(root: Path, tasks: int, each: int, group_commit: bool) -> dict: 
                     try:
                         out = await store.publish(PublishRequest(pkg, "RACE-1", head, Change(
                             files={f"w/{w}.txt": BytesSource.of(f"{w}:{i}".encode())})))
+                        assert out.generation == head + 1
                     except StaleGeneration:
                         await trio.lowlevel.checkpoint()
                         continue
                     gens.append(out.generation)
-                    manifests[out.generation] = store.store.manifest_bytes(pkg, out.generation)
+                    manifests[out.generation] = out.manifest.raw
                     break
 
         async with trio.open_nursery() as nursery:

@@ -8,7 +8,6 @@ from ._answer import InvalidAnswer as InvalidAnswer
 from ._answer import parse_contracted_json as parse_contracted_json
 from ._attempt import AttemptContext as AttemptContext
 from ._attempt import AttemptResult as AttemptResult
-from ._attempt import Check as Check
 from ._attempt import fixture_attempt as fixture_attempt
 from ._attempt import http_attempt as http_attempt
 from ._attempt import make_record as make_record

@@ -4,9 +4,10 @@ objects, a top-level list, an empty string — is an invalid answer."""
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
+
+from .._json import UntrustedJson, loads_untrusted
 
 _FENCE = re.compile(r"\A\s*```(?:json)?[ \t]*\r?\n(?P<body>.*?)\r?\n?```\s*\Z", re.DOTALL)
 
@@ -25,10 +26,11 @@ def parse_contracted_json(content: str) -> dict[str, Any]:
     fenced = _FENCE.match(content)
     body = fenced.group("body") if fenced else content
     try:
-        value = json.loads(body)
-    except json.JSONDecodeError as exc:
-        raise InvalidAnswer("not_json", f"the answer is not one JSON document ({exc.msg} at "
-                                        f"{exc.pos})") from exc
+        value = loads_untrusted(body)
+    except UntrustedJson as exc:
+        detail = "not_json" if exc.detail == "not_json" else f"json_{exc.detail}"
+        raise InvalidAnswer(detail, f"the answer is not one acceptable JSON document "
+                                    f"({exc})") from exc
     if not isinstance(value, dict):
         raise InvalidAnswer("not_an_object",
                             f"the answer is a JSON {type(value).__name__}, not an object")

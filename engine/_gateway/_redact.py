@@ -1,41 +1,130 @@
 """Secrets never reach a record, an exception message or a log line.
 
 API keys travel only in headers. Before anything is recorded: secret-bearing headers are
-dropped, key-like query parameters are masked, and every occurrence of a known secret value
-is replaced in any text (providers echo keys in error bodies). The ``httpx``/``httpcore``
-loggers get a filter that applies the same masking to their messages (httpx logs full URLs).
+dropped, key-like query parameters and URL credentials are masked, and every occurrence of
+a known secret is replaced in any text. Providers echo keys in error bodies, and not only
+verbatim, so a secret is matched in every form it has been seen to take:
+
+- verbatim, JSON-escaped (``\\/``, ``\\u00xx`` for any character, upper- or lower-case hex,
+  doubled backslashes), URL-encoded (``%xx``, also double-encoded ``%25xx``, ``+``) and as
+  HTML character references, in any mix;
+- cut off: when text is truncated (an audit body limit, an abandoned oversized body), the
+  secret is masked *before* the cut, and a tail of the cut text that is the beginning of a
+  secret is masked too.
+
+The secrets are the values of the configured key variables, and also whatever a
+``base_url`` carries: the values of its key-like query parameters and its userinfo, also
+as the Basic credentials httpx makes of it (a redirect's ``Location``, an echoed path or
+an echoed header repeats them).
+
+Log records are cleaned when they are made (a record factory), so a message logged by any
+logger — ``httpcore.http11`` included, which a filter on ``httpcore`` never sees — is
+masked before any handler formats it, exception text included.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import re
-from collections.abc import Iterable, Mapping
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 MASK = "[REDACTED]"
 SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key", "api-key",
                             "cookie", "set-cookie", "x-goog-api-key", "openai-organization"})
-_KEYLIKE = re.compile(r"(key|token|secret|signature|sig|password|auth)", re.IGNORECASE)
+_KEYLIKE = re.compile(r"(key|token|secret|signature|sig|password|auth|credential)",
+                      re.IGNORECASE)
+MIN_SECRET = 4      # shorter values would mask ordinary text
+MIN_PARTIAL = 6     # a cut tail this long that starts a secret is masked
+
+
+def _char_pattern(ch: str) -> str:
+    """Every encoding of one character seen in echoes, as a regex alternation."""
+    code = ord(ch)
+    forms = [re.escape(ch)]
+    if code < 0x10000:
+        forms.append(rf"\\+u{code:04x}")                 # JSON \u00xx (any backslashes)
+    if code < 0x80:
+        forms.append(rf"%(?:25)*{code:02x}")             # URL %xx, %25xx (double-encoded)
+        forms.append(rf"&#(?:x0*{code:x}|0*{code});")    # HTML character references
+    if ch == "/":
+        forms.append(r"\\+/")
+    if ch == " ":
+        forms.append(r"\+")
+    return "(?:" + "|".join(forms) + ")"
+
+
+def _secret_pattern(secret: str) -> str:
+    return "".join(_char_pattern(c) for c in secret)
 
 
 class Redactor:
     def __init__(self, secrets: Iterable[str] = ()):
-        self._secrets = sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
+        self._secrets: list[str] = []
+        self._pattern: re.Pattern[str] | None = None
+        self._lock = threading.Lock()
+        for s in secrets:
+            self.add(s)
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        return tuple(self._secrets)
 
     def add(self, secret: str) -> None:
-        if secret and len(secret) >= 4 and secret not in self._secrets:
+        if not secret or len(secret) < MIN_SECRET:
+            return
+        with self._lock:
+            if secret in self._secrets:
+                return
             self._secrets.append(secret)
             self._secrets.sort(key=len, reverse=True)
+            alternatives = "|".join(_secret_pattern(s) for s in self._secrets)
+            self._pattern = re.compile(alternatives, re.IGNORECASE)
+
+    def add_url_secrets(self, url: str) -> None:
+        """Learn the secrets a configured URL carries: key-like query values, userinfo."""
+        parts = urlsplit(url)
+        for key, value in parse_qsl(parts.query, keep_blank_values=True):
+            if _KEYLIKE.search(key):
+                self.add(value)
+        if parts.password:
+            self.add(unquote(parts.password))
+        if "@" in parts.netloc:
+            userinfo = parts.netloc.rsplit("@", 1)[0]
+            self.add(userinfo)
+            self.add(unquote(userinfo))
+            # httpx sends URL credentials as Basic auth: their base64 is a secret too.
+            self.add(base64.b64encode(unquote(userinfo).encode()).decode())
 
     def text(self, value: str) -> str:
+        pattern = self._pattern
+        if pattern is None or not value:
+            return value
+        return pattern.sub(MASK, value)
+
+    def truncate(self, value: str, limit: int) -> str:
+        """``value`` cut to ``limit`` characters, masked first, with a trailing fragment
+        that begins a secret masked too (it would otherwise survive the cut in part)."""
+        return self.mask_partial_tail(self.text(value)[:limit])
+
+    def mask_partial_tail(self, value: str) -> str:
+        lowered = value.lower()
         for secret in self._secrets:
-            if secret in value:
-                value = value.replace(secret, MASK)
+            s = secret.lower()
+            for n in range(min(len(s), len(value)), MIN_PARTIAL - 1, -1):
+                if lowered.endswith(s[:n]):
+                    return value[: len(value) - n] + MASK
         return value
 
     def url(self, value: str) -> str:
-        parts = urlsplit(value)
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises ValueError on a netloc it cannot parse
+        except ValueError:
+            return _USERINFO.sub(f"//{MASK}@", self.text(value))
         query = [(k, MASK if _KEYLIKE.search(k) else v)
                  for k, v in parse_qsl(parts.query, keep_blank_values=True)]
         netloc = parts.netloc
@@ -47,32 +136,87 @@ class Redactor:
 
     def headers(self, headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> dict[str, str]:
         items = headers.items() if isinstance(headers, Mapping) else headers
-        return {k.lower(): (MASK if k.lower() in SECRET_HEADERS else self.text(v))
-                for k, v in items}
+        out = {}
+        for k, v in items:
+            key = k.lower()
+            if key in SECRET_HEADERS:
+                out[key] = MASK
+            elif key in ("location", "content-location", "referer"):
+                out[key] = self.url(v)
+            else:
+                out[key] = self.text(v)
+        return out
+
+    def anything(self, value: str) -> str:
+        """Free text that may hold URLs (a log message, an exception)."""
+        cleaned = self.text(value)
+        if "://" in cleaned:
+            cleaned = _URL.sub(lambda m: self.url(m.group()), cleaned)
+        return cleaned
 
 
-class _LogFilter(logging.Filter):
+_URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
+_USERINFO = re.compile(r"//[^/@\s]*@")
+
+# -- logging ---------------------------------------------------------------------------
+
+_installed: list[Redactor] = []
+_previous_factory: Callable[..., logging.LogRecord] | None = None
+_factory_lock = threading.Lock()
+
+
+def _redacting_factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+    assert _previous_factory is not None
+    record = _previous_factory(*args, **kwargs)
+    redactors = list(_installed)
+    if not redactors:
+        return record
+    try:
+        message = record.getMessage()
+    except Exception:  # a broken format string is the logging module's to report
+        return record
+    cleaned = message
+    for r in redactors:
+        cleaned = r.anything(cleaned)
+    if cleaned != message:
+        record.msg, record.args = cleaned, ()
+    if record.exc_info:
+        text = logging.Formatter().formatException(record.exc_info)
+        for r in redactors:
+            text = r.anything(text)
+        record.exc_text = text
+    if record.stack_info:
+        for r in redactors:
+            record.stack_info = r.anything(record.stack_info)
+    return record
+
+
+class _Installed(logging.Filter):
+    """The handle :func:`install_log_filter` returns (kept as a Filter for its callers)."""
+
     def __init__(self, redactor: Redactor):
         super().__init__()
         self.redactor = redactor
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        cleaned = self.redactor.url(message) if "://" in message else message
-        cleaned = self.redactor.text(cleaned)
-        if cleaned != message:
-            record.msg, record.args = cleaned, ()
-        return True
-
 
 def install_log_filter(redactor: Redactor) -> logging.Filter:
-    """Mask secrets in what httpx and httpcore log; returns the filter for removal."""
-    flt = _LogFilter(redactor)
-    for name in ("httpx", "httpcore"):
-        logging.getLogger(name).addFilter(flt)
-    return flt
+    """Mask ``redactor``'s secrets in every log record made from now on, by any logger."""
+    global _previous_factory
+    with _factory_lock:
+        if not _installed:
+            _previous_factory = logging.getLogRecordFactory()
+            logging.setLogRecordFactory(_redacting_factory)
+        _installed.append(redactor)
+    return _Installed(redactor)
 
 
-def remove_log_filter(flt: logging.Filter) -> None:
-    for name in ("httpx", "httpcore"):
-        logging.getLogger(name).removeFilter(flt)
+def remove_log_filter(handle: logging.Filter) -> None:
+    global _previous_factory
+    assert isinstance(handle, _Installed)
+    with _factory_lock:
+        if handle.redactor in _installed:
+            _installed.remove(handle.redactor)
+        if not _installed and _previous_factory is not None:
+            if logging.getLogRecordFactory() is _redacting_factory:
+                logging.setLogRecordFactory(_previous_factory)
+            _previous_factory = None

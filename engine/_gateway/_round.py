@@ -8,7 +8,6 @@ from typing import Any
 
 import attrs
 
-from ._attempt import Check
 from ._audit import AuditRecord
 from ._classes import FailureClass
 from ._wire import Prompt
@@ -24,7 +23,6 @@ class RoundStatus(enum.StrEnum):
 @attrs.frozen
 class RoundRequest:
     prompt: Prompt
-    check: Check | None = None          # the phase's contract check; raises ValueError
     max_output_bytes: int | None = None  # None: the gateway's configured limit
 
 

@@ -12,12 +12,25 @@ are never opened, so there is no recursion to bound.
 
 A zip member whose mode carries no file-type bits is a regular file: that is how
 ``zipfile.writestr`` writes them.
+
+Memory stays bounded whatever the archive holds, headers included. ``tarfile`` reads a pax
+or GNU long-name header whole (a 400 KB tar.gz once held a 400 MB header and took 1.3 GB
+before any limit applied), so tar archives are read through :class:`_BoundedReader`: every
+byte read — headers, padding and data — counts against ``max_total_bytes`` and the
+compression ratio, and a single read larger than ``MAX_SINGLE_READ`` (a header that big) is
+refused before it is made. ``zipfile`` reads the whole central directory and builds an
+object per entry before anyone can count them, so the end-of-central-directory record is
+read first and an archive declaring more than ``max_members`` entries, or a central
+directory over ``MAX_CENTRAL_DIRECTORY`` bytes, is refused before ``zipfile`` opens it.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import io
 import stat
+import struct
 import tarfile
 import unicodedata
 import zipfile
@@ -33,7 +46,10 @@ from .._config import IntakeLimits
 from .._errors import ArchiveRejected
 from .._store import CHUNK
 
-SNIFF_BYTES = 4096
+SNIFF_BYTES = 1024  # per member, for media-type sniffing; kept for every member
+MAX_SINGLE_READ = CHUNK            # the largest header read we allow (data reads are CHUNK)
+MAX_CENTRAL_DIRECTORY = 64 * 1024 * 1024
+ARCHIVE_SUFFIXES = {".zip": "zip", ".tar": "tar", ".tgz": "tar.gz", ".tar.gz": "tar.gz"}
 
 
 @attrs.frozen
@@ -45,15 +61,43 @@ class MemberInfo:
 
 
 def archive_kind(path: Path) -> str | None:
-    """``"zip"``, ``"tar"`` or ``"tar.gz"`` from the content (never the file name), else None."""
+    """``"zip"``, ``"tar"`` or ``"tar.gz"`` from the content (never the file name), else
+    None. A gzip file whose content does not start with a tar header (a plain ``.log.gz``)
+    is not an archive: it is stored as one opaque source."""
     with path.open("rb") as f:
-        head = f.read(512)
+        head = f.read(65536)
     if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
         return "zip"
     if head[:2] == b"\x1f\x8b":
-        return "tar.gz"
-    if len(head) >= 262 and head[257:262] == b"ustar":
-        return "tar"
+        try:
+            inflated = zlib.decompressobj(wbits=31).decompress(head, 512)
+        except zlib.error:
+            return None
+        return "tar.gz" if is_tar_header(inflated) else None
+    return "tar" if is_tar_header(head[:512]) else None
+
+
+def is_tar_header(block: bytes) -> bool:
+    """A 512-byte block that is a tar header: its checksum field matches its bytes."""
+    if len(block) < 512 or block[:512] == bytes(512):
+        return False
+    field = block[148:156].replace(b"\x00", b" ").strip()
+    try:
+        recorded = int(field, 8) if field else -1
+    except ValueError:
+        return False
+    unsigned = sum(block[:148]) + 8 * 32 + sum(block[156:512])
+    signed = sum(struct.unpack("148b", block[:148])) + 8 * 32 + sum(
+        struct.unpack("356b", block[156:512]))
+    return recorded in (unsigned, signed)
+
+
+def named_kind(name: str) -> str | None:
+    """The archive kind a file name claims, if any (checked against the content)."""
+    lowered = name.lower()
+    for suffix in sorted(ARCHIVE_SUFFIXES, key=len, reverse=True):
+        if lowered.endswith(suffix):
+            return ARCHIVE_SUFFIXES[suffix]
     return None
 
 
@@ -158,6 +202,7 @@ class _Scan:
 
 class _ZipScan(_Scan):
     def run(self) -> list[MemberInfo]:
+        self._check_directory()
         with self.corrupt_on_error(None), zipfile.ZipFile(self.path) as zf:
             infos = zf.infolist()
             regular = [self._check(info) for info in infos]
@@ -168,6 +213,34 @@ class _ZipScan(_Scan):
                 with self.corrupt_on_error(name), zf.open(info) as stream:
                     out.append(self.hash_member(name, stream, info.file_size))
         return out
+
+    def _check_directory(self) -> None:
+        """Read the end-of-central-directory record (and its zip64 form) ourselves and
+        refuse too many entries or too large a directory before zipfile builds it."""
+        with self.corrupt_on_error(None), self.path.open("rb") as f:
+            tail_len = min(self.archive_size, 65535 + 22)
+            f.seek(self.archive_size - tail_len)
+            tail = f.read(tail_len)
+            at = tail.rfind(b"PK\x05\x06")
+            if at < 0 or len(tail) - at < 22:
+                raise self.refuse(None, "no end-of-central-directory record", "corrupt_archive")
+            entries, cd_size = struct.unpack("<10xH I", tail[at:at + 16])
+            if entries == 0xFFFF or cd_size == 0xFFFFFFFF:
+                loc = tail.rfind(b"PK\x06\x07", 0, at)
+                if loc < 0:
+                    raise self.refuse(None, "zip64 record missing", "corrupt_archive")
+                (offset,) = struct.unpack("<8xQ", tail[loc:loc + 16])
+                f.seek(offset)
+                record = f.read(56)
+                if record[:4] != b"PK\x06\x06" or len(record) < 56:
+                    raise self.refuse(None, "zip64 record damaged", "corrupt_archive")
+                entries, cd_size = struct.unpack("<32xQQ", record[:48])
+        if entries > self.limits.max_members:
+            raise self.refuse(None, f"declares {entries} members, more than "
+                                    f"max_members={self.limits.max_members}")
+        if cd_size > MAX_CENTRAL_DIRECTORY:
+            raise self.refuse(None, f"its central directory is {cd_size} bytes, more than "
+                                    f"{MAX_CENTRAL_DIRECTORY}")
 
     def _check(self, info: zipfile.ZipInfo) -> str | None:
         self.check_count()
@@ -190,19 +263,98 @@ class _ZipScan(_Scan):
 class _TarScan(_Scan):
     def run(self) -> list[MemberInfo]:
         out: list[MemberInfo] = []
-        with self.corrupt_on_error(None), tarfile.open(self.path, "r:*") as tf:
-            for ti in tf:
-                self.check_count()
-                name = self.check_name(ti.name + ("/" if ti.isdir() else ""))
-                if ti.isdir():
-                    continue
-                if not ti.isreg():
-                    raise self.refuse(name, "is not a regular file (link, device, FIFO)",
-                                      "unsafe_archive_member")
-                self.check_declared(name, ti.size, None)
+        with self.corrupt_on_error(None), self.path.open("rb") as raw:
+            gz = raw.read(2) == b"\x1f\x8b"
+            raw.seek(0)
+            inner: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb") if gz \
+                else raw  # type: ignore[assignment]
+            bounded = _BoundedReader(inner, self)
+            with tarfile.open(fileobj=bounded, mode="r:") as tf:
+                self._members(tf, out)
+        return out
+
+    def _members(self, tf: tarfile.TarFile, out: list[MemberInfo]) -> None:
+        # tf.next() rather than iteration, clearing tf.members: TarFile keeps every TarInfo
+        # (with its pax headers) otherwise, which is memory no limit would bound.
+        while True:
+            with self.corrupt_on_error(None):
+                ti = tf.next()
+            if ti is None:
+                return
+            tf.members.clear()  # type: ignore[attr-defined]
+            self.check_count()
+            name = self.check_name(ti.name + ("/" if ti.isdir() else ""))
+            if ti.isdir():
+                continue
+            if not ti.isreg():
+                raise self.refuse(name, "is not a regular file (link, device, FIFO)",
+                                  "unsafe_archive_member")
+            self.check_declared(name, ti.size, None)
+            with self.corrupt_on_error(name):
                 stream = tf.extractfile(ti)
                 if stream is None:
                     raise self.refuse(name, "cannot be read", "corrupt_archive")
-                with self.corrupt_on_error(name), stream:
+                with stream:
                     out.append(self.hash_member(name, stream, ti.size))
-        return out
+
+
+class _BoundedReader(io.RawIOBase):
+    """What ``tarfile`` reads the (decompressed) archive through: every byte counted
+    against ``max_total_bytes`` and the compression ratio, no single read over
+    ``MAX_SINGLE_READ``, forward seeks read (and counted) rather than skipped."""
+
+    def __init__(self, inner: IO[bytes], scan: _Scan):
+        super().__init__()
+        self.inner, self.scan = inner, scan
+        self.pos = 0
+        lim = scan.limits
+        self.ratio_budget = lim.max_compression_ratio * max(scan.archive_size, 1) + 1024 * 1024
+
+    @property
+    def budget(self) -> int:
+        """max_total_bytes, plus one header block and one block of padding per member seen
+        so far (and the two end blocks): any other header byte is counted as data."""
+        return self.scan.limits.max_total_bytes + 1024 * (self.scan.count + 2)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def read(self, n: int | None = -1) -> bytes:
+        if n is None or n < 0 or n > MAX_SINGLE_READ:
+            raise self.scan.refuse(None, f"a header or read of {n} bytes exceeds the "
+                                         f"{MAX_SINGLE_READ}-byte bound on tar headers")
+        if self.pos + n > self.budget:
+            raise self.scan.refuse(None, "reading past max_total_bytes="
+                                         f"{self.scan.limits.max_total_bytes}, headers included")
+        if self.pos + n > self.ratio_budget:
+            raise self.scan.refuse(None, "whole-archive compression ratio exceeds "
+                                         f"max_compression_ratio="
+                                         f"{self.scan.limits.max_compression_ratio:g}, headers "
+                                         "included")
+        data = self.inner.read(n)
+        self.pos += len(data)
+        return data
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        target = {io.SEEK_SET: offset, io.SEEK_CUR: self.pos + offset}.get(whence)
+        if target is None or target < 0:
+            raise OSError("unsupported seek on an archive")
+        if target < self.pos:
+            self.inner.seek(target)  # rare: tarfile re-reading a header it has counted
+            self.pos = target
+            return self.pos
+        while self.pos < target:
+            if not self.read(min(CHUNK, target - self.pos)):
+                break
+        return self.pos

@@ -10,7 +10,8 @@ refuses the publication if it changed in between.
 from __future__ import annotations
 
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +19,11 @@ import attrs
 
 from .._canonical import artifact_json, sha256_hex
 from .._config import IntakeLimits
-from .._errors import ChangeRejected, InputRejected
+from .._errors import ArchiveRejected, ChangeRejected, InputRejected
 from .._ids import validate_case_id
 from .._store import BytesSource, Change, FileSource, validate_logical_path
 from .._store._sources import BlobSource, hash_stream
-from ._archives import archive_kind, scan_archive
+from ._archives import archive_kind, named_kind, scan_archive
 from ._catalogue import CatalogueBuilder, media_type
 from ._report import parse_report
 
@@ -60,6 +61,12 @@ def prepare_intake(report_path: Path, attachments: Sequence[Attachment], *,
     names: list[str] = []
 
     def input_name(path: Path) -> str:
+        try:
+            path.name.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InputRejected(f"{_shown(path)}: the file name is not UTF-8 text",
+                                hint="Rename the file to a UTF-8 name and run the command "
+                                     "again.") from exc
         name = f"inputs/{path.name}"
         try:
             validate_logical_path(name)
@@ -73,7 +80,7 @@ def prepare_intake(report_path: Path, attachments: Sequence[Attachment], *,
         return name
 
     report_name = input_name(report_path)
-    raw = _read_small(report_path, limits.max_member_bytes)
+    raw = _read_small(report_path, limits.max_report_bytes)
     report = parse_report(raw, str(report_path))
     chosen, chosen_from = _choose_case_id(case_id, report.case_id, raw)
     files[report_name] = BytesSource.of(raw)
@@ -84,7 +91,8 @@ def prepare_intake(report_path: Path, attachments: Sequence[Attachment], *,
                    "sha256": files[report_name].sha256, "size": len(raw)}]
     for att in attachments:
         name = input_name(att.path)
-        source, doc = _catalogue_attachment(cat, att, name, limits, progress)
+        with _readable(att.path):
+            source, doc = _catalogue_attachment(cat, att, name, limits, progress)
         files[name] = source
         inputs_doc.append(doc)
 
@@ -128,6 +136,12 @@ def _catalogue_attachment(cat: CatalogueBuilder, att: Attachment, name: str,
                           ) -> tuple[BlobSource, dict[str, Any]]:
     _check_regular(att.path)
     kind = archive_kind(att.path) if att.role in EXPANDED_ROLES else None
+    claimed = named_kind(att.path.name)
+    if kind is None and att.role in EXPANDED_ROLES and claimed is not None:
+        raise ArchiveRejected(f"{att.path}: named like a {claimed} archive, but its content "
+                              "is not one", reason="corrupt_archive",
+                              hint="Attach the real archive, or attach the file with the "
+                                   "'attachment' role to store it as it is.")
     if kind is None:
         size_limit = limits.max_member_bytes
         with att.path.open("rb") as f:
@@ -154,22 +168,40 @@ def _catalogue_attachment(cat: CatalogueBuilder, att: Attachment, name: str,
                     "size": source.size, "archive": kind, "members": len(members)}
 
 
+def _shown(path: Path) -> str:
+    return str(path).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _check_regular(path: Path) -> None:
     try:
         st = path.stat()
     except FileNotFoundError as exc:
-        raise InputRejected(f"{path}: no such file") from exc
+        raise InputRejected(f"{_shown(path)}: no such file") from exc
     except OSError as exc:
-        raise InputRejected(f"{path}: cannot be read ({exc.strerror})") from exc
+        raise InputRejected(f"{_shown(path)}: cannot be read ({exc.strerror})",
+                            reason="unreadable_input") from exc
     if not stat.S_ISREG(st.st_mode):
-        raise InputRejected(f"{path}: not a regular file")
+        raise InputRejected(f"{_shown(path)}: not a regular file")
+
+
+@contextmanager
+def _readable(path: Path) -> Iterator[None]:
+    """An input that cannot be read (permissions, I/O error) is a refusal, not a crash."""
+    try:
+        yield
+    except OSError as exc:
+        raise InputRejected(f"{_shown(path)}: cannot be read ({exc.strerror or exc})",
+                            reason="unreadable_input",
+                            hint="Check that the file is readable by you and run the command "
+                                 "again.") from exc
 
 
 def _read_small(path: Path, limit: int) -> bytes:
     _check_regular(path)
-    with path.open("rb") as f:
+    with _readable(path), path.open("rb") as f:
         raw = f.read(limit + 1)
     if len(raw) > limit:
-        raise InputRejected(f"{path}: larger than max_member_bytes={limit}",
-                            reason="limit_exceeded")
+        raise InputRejected(f"{_shown(path)}: larger than max_report_bytes={limit}",
+                            reason="limit_exceeded",
+                            hint="A report is text; attach large files with --attach.")
     return raw

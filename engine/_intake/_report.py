@@ -1,14 +1,16 @@
 """The human report: JSON ``{"title", "body", "reporter"?, "case_id"?, "comments"?,
 "observations"?}`` or UTF-8 text whose first non-blank line is the title.
 
-A file whose first non-blank byte is ``{`` is JSON and must match that shape exactly: an
-unknown key, a wrong type or a blank string is refused (a misspelt ``"comment"`` would
-otherwise silently drop human evidence). Anything else must be UTF-8 text.
+A file whose first non-blank character is ``{``, or whose name ends in ``.json``, is JSON
+and must match that shape exactly: an unknown key, a wrong type, a blank string, a
+duplicate key, a lone surrogate or nesting past the JSON reader's depth is refused (a
+misspelt ``"comment"`` or a second ``"body"`` would otherwise silently drop human
+evidence). A UTF-8 byte-order mark is allowed and ignored (the original is stored with it,
+byte for byte). Anything else must be UTF-8 text.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Literal
 
 import attrs
@@ -16,6 +18,7 @@ import cattrs
 
 from .._errors import ReportRejected
 from .._ids import validate_case_id
+from .._json import UntrustedJson, loads_untrusted
 from .._strict import STRICT, structure_errors
 
 
@@ -56,9 +59,10 @@ def parse_report(raw: bytes, label: str) -> Report:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ReportRejected(f"{label}: not UTF-8 (byte {exc.start})") from exc
+    text = text.removeprefix("\ufeff")
     if "\x00" in text:
         raise ReportRejected(f"{label}: contains NUL characters; is it a binary file?")
-    if text.lstrip().startswith("{"):
+    if text.lstrip().startswith("{") or label.lower().endswith(".json"):
         return _parse_json(text, label)
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if not lines:
@@ -69,11 +73,12 @@ def parse_report(raw: bytes, label: str) -> Report:
 
 def _parse_json(text: str, label: str) -> Report:
     try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise ReportRejected(f"{label}: not valid JSON ({exc})") from exc
+        data = loads_untrusted(text)
+    except UntrustedJson as exc:
+        raise ReportRejected(f"{label}: {exc}") from exc
     if not isinstance(data, dict):
-        raise ReportRejected(f"{label}: a JSON report must be an object")
+        raise ReportRejected(f"{label}: a JSON report must be an object, not a "
+                             f"{type(data).__name__}")
     try:
         rep = STRICT.structure(data, _JsonReport)
     except (cattrs.BaseValidationError, ValueError, TypeError) as exc:

@@ -2,21 +2,42 @@
 
 Write order, for crash safety: temporary file → write → fsync → rename → fsync of the
 directory, all *before* the transaction that references the blob. A crash before the rename
-leaves a temporary file; a crash after it leaves an orphan file. ``gc`` removes both (after
-a grace period, so it never races a publisher that is between blob write and commit).
+leaves a temporary file; a crash after it leaves an orphan file. ``gc`` removes both.
+
+Hashes are checked on the bytes actually stored: a new file is hashed while it is copied,
+and an existing file that a publication would reuse is re-read and re-hashed; one that does
+not match (tampered, or half-written by something other than Viano) is replaced.
+
+The gc protocol (see also ``SqliteStore.commit_batch`` and ``collect_garbage``):
+
+1. gc holds the store's write lock for its whole run: it reads every manifest's
+   references and removes unreferenced files while no transaction can commit.
+2. A publication writes or reuses its files before its transaction (the slow part stays
+   outside the lock), and then, *inside* its transaction, checks that each file it
+   references is still there, writing it again from its source if gc removed it meanwhile.
+3. A writer holds an ``flock`` on its temporary file from creation to rename; gc removes a
+   temporary file only when it can take that lock (its writer is gone).
+
+So a blob that a committed or in-flight publication references is never missing after
+that publication's commit, whatever gc does, in any order, in any process.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
-from .._errors import InputRejected, StorageError
+from .._errors import InputRejected
 from ._crash import crash_point
 from ._sources import CHUNK, BlobSource
+
+_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class BlobFiles:
@@ -28,32 +49,40 @@ class BlobFiles:
     def path_for(self, sha256: str) -> Path:
         return self.dir / sha256[:2] / sha256
 
-    def exists(self, sha256: str) -> bool:
-        return self.path_for(sha256).is_file()
+    def exists(self, sha256: str, size: int) -> bool:
+        try:
+            return self.path_for(sha256).stat().st_size == size
+        except FileNotFoundError:
+            return False
 
     def write(self, source: BlobSource) -> None:
-        """Copy ``source`` into place durably, checking its hash and size on the way."""
+        """Put ``source`` in place durably, unless a file with exactly its bytes is there."""
         final = self.path_for(source.sha256)
-        if final.is_file():
+        if final.is_file() and _hash_file(final) == (source.sha256, source.size):
             return
         self.tmp.mkdir(parents=True, exist_ok=True)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.tmp / f"{source.sha256}.{os.getpid()}.{time.monotonic_ns()}.part"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
-            self._copy(source, tmp)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # held until the rename: gc leaves it alone
+            with os.fdopen(fd, "wb", closefd=False) as dst:
+                self._copy(source, dst)
             os.replace(tmp, final)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+        finally:
+            os.close(fd)
         crash_point("blob.rename")
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
         crash_point("blob.dirsync")
 
-    def _copy(self, source: BlobSource, tmp: Path) -> None:
+    def _copy(self, source: BlobSource, dst: BinaryIO) -> None:
         h = hashlib.sha256()
         size = 0
         half = source.size // 2
-        with source.open() as src, tmp.open("wb") as dst:
+        with source.open() as src:
             while chunk := src.read(CHUNK):
                 if size < half <= size + len(chunk):
                     dst.write(chunk[: half - size])
@@ -66,35 +95,69 @@ class BlobFiles:
                 size += len(chunk)
                 if size > source.size:
                     break
-            if h.hexdigest() != source.sha256 or size != source.size:
-                raise InputRejected(
-                    f"content changed while it was being stored (expected sha256 "
-                    f"{source.sha256[:12]}…, {source.size} bytes)",
-                    reason="input_changed",
-                    hint="Do not modify input files while Viano reads them; run the command again.")
-            dst.flush()
-            os.fsync(dst.fileno())
+        if h.hexdigest() != source.sha256 or size != source.size:
+            raise input_changed(source)
+        dst.flush()
+        os.fsync(dst.fileno())
         crash_point("blob.fsync")
 
     def open(self, sha256: str) -> Path:
-        path = self.path_for(sha256)
-        if not path.is_file():
-            raise StorageError(f"blob file {sha256} is missing from {self.dir}")
-        return path
+        return self.path_for(sha256)
 
     def iter_files(self) -> Iterator[tuple[str, Path]]:
+        """Every blob file (name checked), in a stable order."""
         if not self.dir.is_dir():
             return
         for sub in sorted(self.dir.iterdir()):
+            if not sub.is_dir():
+                continue
             for path in sorted(sub.iterdir()):
-                yield path.name, path
+                if _HEX.fullmatch(path.name):
+                    yield path.name, path
 
     def iter_tmp(self) -> Iterator[Path]:
         if self.tmp.is_dir():
             yield from sorted(self.tmp.iterdir())
 
+    def has_any(self) -> bool:
+        return next(self.iter_files(), None) is not None
 
-def _fsync_dir(path: Path) -> None:
+    @staticmethod
+    def remove_abandoned(path: Path) -> bool:
+        """Remove a temporary file whose writer is gone (its flock is free)."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            path.unlink(missing_ok=True)
+            return True
+        finally:
+            os.close(fd)
+
+
+def input_changed(source: BlobSource) -> InputRejected:
+    return InputRejected(
+        f"content changed while it was being stored (expected sha256 "
+        f"{source.sha256[:12]}…, {source.size} bytes)", reason="input_changed",
+        hint="Do not modify input files while Viano reads them; run the command again.")
+
+
+def _hash_file(path: Path) -> tuple[str, int]:
+    h = hashlib.sha256()
+    size = 0
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return h.hexdigest(), size
+
+
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

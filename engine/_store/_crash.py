@@ -1,5 +1,10 @@
 """Named crash points at every durable step, for crash-injection tests and benchmarks.
 
+The same names serve as pause points: with ``VIANO_PAUSE_AT=point`` and
+``VIANO_PAUSE_FILE=path`` a child process creates ``path`` when it reaches the point and
+waits there until ``path`` is removed, so a test can run another process in that window
+(for example ``viano gc`` between a blob write and its transaction).
+
 A point is armed either programmatically (``arm_crash_point("txn.before_commit")``: the step raises
 :class:`SimulatedCrash`, a ``BaseException`` that no ordinary handler swallows) or from the
 environment of a child process (``VIANO_CRASH_AT=blob.fsync`` or ``blob.fsync:3`` for the
@@ -11,18 +16,22 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 CRASH_POINTS: tuple[str, ...] = (
     "blob.write",          # half of a large blob is in its temporary file
     "blob.fsync",          # the temporary file is complete and fsynced, not yet renamed
     "blob.rename",         # renamed into place, directory not yet fsynced
     "blob.dirsync",        # directory fsynced; the transaction has not started
+    "batch.blobs_ready",   # every large blob of a batch is in place; no transaction yet
     "txn.before_commit",   # every row of the batch is written, COMMIT not yet issued
     "txn.after_commit",    # COMMIT is durable, callers not yet answered
     "gc.before_unlink",    # gc chose an orphan, has not removed it
 )
 
 ENV_VAR = "VIANO_CRASH_AT"
+PAUSE_VAR = "VIANO_PAUSE_AT"
+PAUSE_FILE_VAR = "VIANO_PAUSE_FILE"
 
 
 class SimulatedCrash(BaseException):
@@ -57,8 +66,21 @@ def disarm_crash_points() -> None:
         _hits.clear()
 
 
+def _pause(point: str) -> None:
+    if os.environ.get(PAUSE_VAR) != point:
+        return
+    marker = os.environ.get(PAUSE_FILE_VAR)
+    if not marker:
+        return
+    with open(marker, "w") as f:
+        f.write(f"{os.getpid()} {point}\n")
+    while os.path.exists(marker):
+        time.sleep(0.01)
+
+
 def crash_point(point: str) -> None:
     """Mark a durable step. Costs one dict lookup when nothing is armed."""
+    _pause(point)
     env = _from_env()
     if env is not None and env[0] == point:
         with _lock:

@@ -1,9 +1,13 @@
-"""``viano gc``: remove blob files that no generation references.
+"""``viano gc``: remove blob files that no generation references, and abandoned temporaries.
 
 Only a crash leaves such files (a blob written, its transaction never committed). The
-referenced set is computed under the SQLite write lock, so no commit can land meanwhile;
-files younger than ``min_age_s`` are kept because another process may have written them
-and not yet started its transaction. A referenced blob is never touched.
+protocol that makes this safe against concurrent publications is in ``_blobs``: gc holds
+the store's write lock for its whole run, so no commit can land meanwhile, and every
+commit re-checks (and if need be rewrites) its files under that same lock. A referenced
+blob is never touched; a store whose index is missing or empty while blobs exist is
+refused, as is one with a damaged manifest (gc cannot know what it references).
+``min_age_s`` keeps files younger than that (a belt to those braces, and a way to leave
+the evidence of a very recent crash in place).
 """
 
 from __future__ import annotations
@@ -12,8 +16,10 @@ import time
 
 import attrs
 
+from .._errors import StorageError
+from ._blobs import BlobFiles
 from ._crash import crash_point
-from ._sqlite import SqliteStore
+from ._protocol import Store
 
 
 @attrs.frozen
@@ -27,32 +33,37 @@ class GcReport:
         return attrs.asdict(self)
 
 
-def collect_garbage(store: SqliteStore, *, min_age_s: float = 600.0) -> GcReport:
-    conn = store.writer
+def collect_garbage(store: Store, *, min_age_s: float = 600.0) -> GcReport:
+    problems = store.index_problems()
+    if problems:
+        raise StorageError(f"{store.location}: {'; '.join(problems)}; nothing was removed",
+                           reason="store_corrupt",
+                           hint="Restore store.sqlite3 from a backup before running gc.")
     cutoff = time.time() - min_age_s
     removed = removed_bytes = tmp_removed = young = 0
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        referenced = store.referenced_hashes(conn)
+    with store.exclusive() as held:
+        referenced = held.referenced_hashes()
         for sha, path in store.blob_files.iter_files():
             if sha in referenced:
                 continue
-            st = path.stat()
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
             if st.st_mtime > cutoff:
                 young += 1
                 continue
             crash_point("gc.before_unlink")
-            path.unlink()
+            path.unlink(missing_ok=True)
             removed += 1
             removed_bytes += st.st_size
         for path in store.blob_files.iter_tmp():
-            if path.stat().st_mtime > cutoff:
-                young += 1
+            try:
+                if path.stat().st_mtime > cutoff:
+                    young += 1
+                    continue
+            except FileNotFoundError:
                 continue
-            path.unlink()
-            tmp_removed += 1
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
+            if BlobFiles.remove_abandoned(path):
+                tmp_removed += 1
     return GcReport(removed, removed_bytes, tmp_removed, young)

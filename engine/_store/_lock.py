@@ -1,32 +1,42 @@
-"""The cross-process case lock: ``fcntl.flock`` on ``locks/<case_id>.lock``, never waited on.
+"""The SQLite backend's case lease: ``fcntl.flock`` on ``locks/<case_id>.lock``, never waited
+on.
 
 The OS releases it when the holding process dies, so a crash never leaves a case locked.
 A busy lock is reported at once as :class:`CaseLocked` (a DEFERRED result), never queued.
+``flock`` locks belong to an open file description, so two holders in one process exclude
+each other exactly as two processes do.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .._errors import CaseLocked
-from .._ids import validate_case_id
+from .._errors import CaseLocked, StorageError
 
 
 @contextmanager
-def case_lock(store_root: Path, case_id: str) -> Iterator[None]:
-    validate_case_id(case_id)
-    locks = store_root / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    fd = os.open(locks / f"{case_id}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+def flock_lease(locks: Path, case_id: str) -> Iterator[None]:
+    """Hold the lease on ``case_id`` (already validated: it is a safe file name)."""
+    try:
+        locks.mkdir(parents=True, exist_ok=True)
+        fd = os.open(locks / f"{case_id}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        read_only = exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+        raise StorageError(f"cannot take the lease on case {case_id!r}: "
+                           f"{exc.strerror or exc}",
+                           reason="store_read_only" if read_only else "store_unavailable",
+                           hint="This store cannot be written by you; read commands still "
+                                "work." if read_only else "Check the store folder.") from exc
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
-            raise CaseLocked(f"case {case_id!r} is locked by another process") from exc
+            raise CaseLocked(f"case {case_id!r} is locked by another dispatch") from exc
         try:
             yield
         finally:

@@ -1,39 +1,227 @@
-"""Package manifests and the changes that produce the next generation.
+"""Package manifests, the changes that produce the next generation, and the rules between them.
 
 A manifest is the whole identity of a generation: package id, case id, generation number,
 parent, phase, revision, pointers, and every logical file with its sha256 and size. Its
-canonical JSON is hashed and stored; ``viano show`` prints it. A new manifest is its
-parent's with the change applied: files not named in the change keep their exact entry.
+canonical bytes are hashed and stored; ``viano show`` prints it. A new manifest is its
+parent's with a :class:`Change` applied.
+
+One set of rules decides what a generation may be, wherever a generation comes from — a
+local publication (:func:`build_manifest`), an imported export, or the store as ``viano
+verify`` reads it (:meth:`Manifest.parse` and :func:`successor_violations`):
+
+- every field has its exact type and form (identifiers are strings, revisions positive
+  integers, phases and pointer names from their alphabets, logical paths relative);
+- the bytes are canonical, so one value has exactly one stored form;
+- a generation keeps every file and pointer of its parent: files are only ever added or
+  replaced, never removed, and nothing under ``inputs/``, ``case/`` or ``analysis/`` is ever
+  replaced (originals and analysis artifacts are write-once);
+- the revision never decreases; package id and case id never change.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+import types
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import attrs
 import orjson
 
+from .._canonical import sha256_hex
 from .._errors import ChangeRejected
-from .._ids import validate_case_id
+from .._ids import CASE_ID, validate_case_id
+from .._json import UntrustedJson, loads_untrusted
 from ._sources import BlobSource
 
 PACKAGE_FORMAT = "viano-case-package/1"
-_PHASE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
-_POINTER = re.compile(r"[a-z][a-z0-9_]{0,63}")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+PHASE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+POINTER = re.compile(r"[a-z][a-z0-9_]{0,63}")
+PACKAGE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?Z")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+WRITE_ONCE_PREFIXES = ("inputs/", "case/", "analysis/")
+_KEYS = frozenset({"format", "package_id", "case_id", "package_generation", "parent_generation",
+                   "analysis_revision", "phase", "created_at", "pointers", "files"})
 
 
 def validate_logical_path(path: str) -> str:
-    """A logical path is relative, '/'-separated, with no empty, '.' or '..' segment."""
-    if not path or len(path) > 1024 or path.startswith("/") or "\\" in path:
+    """A logical path is relative, '/'-separated UTF-8, with no empty, '.' or '..' segment."""
+    if not isinstance(path, str) or not path or len(path) > 1024 or path.startswith("/") \
+            or "\\" in path:
         raise ChangeRejected(f"logical path {path!r} is not valid")
     if _CONTROL.search(path):
         raise ChangeRejected(f"logical path {path!r} contains control characters")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ChangeRejected(f"logical path {path!r} is not UTF-8 text") from exc
     if any(seg in ("", ".", "..") for seg in path.split("/")):
         raise ChangeRejected(f"logical path {path!r} has an empty, '.' or '..' segment")
     return path
+
+
+def is_write_once(path: str) -> bool:
+    return path.startswith(WRITE_ONCE_PREFIXES)
+
+
+def _frozen(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
+    return types.MappingProxyType(dict(mapping))
+
+
+@attrs.frozen
+class FileEntry:
+    sha256: str
+    size: int
+
+
+@attrs.frozen
+class Manifest:
+    """One generation's manifest, parsed and checked. ``raw`` is the exact stored bytes."""
+
+    package_id: str
+    case_id: str
+    package_generation: int
+    parent_generation: int | None
+    analysis_revision: int
+    phase: str
+    created_at: str
+    pointers: Mapping[str, str] = attrs.field(converter=_frozen)
+    files: Mapping[str, FileEntry] = attrs.field(converter=_frozen)
+    raw: bytes = attrs.field(eq=False, repr=False)
+    sha256: str = attrs.field(eq=False)
+
+    @classmethod
+    def parse(cls, raw: bytes, expected_sha256: str | None = None) -> Manifest:
+        """Check ``raw`` completely; :class:`ChangeRejected` names the first problem."""
+        if expected_sha256 is not None and sha256_hex(raw) != expected_sha256:
+            raise ChangeRejected("the manifest bytes do not match their recorded sha256")
+        try:
+            doc = loads_untrusted(raw, max_depth=8)
+        except UntrustedJson as exc:
+            raise ChangeRejected(f"the manifest is not acceptable JSON ({exc})") from exc
+        manifest = cls.from_json(doc, raw=raw)
+        if encode_manifest(doc) != raw:
+            raise ChangeRejected("the manifest bytes are not in canonical form")
+        return manifest
+
+    @classmethod
+    def from_json(cls, doc: Any, *, raw: bytes | None = None) -> Manifest:
+        if not isinstance(doc, dict):
+            raise ChangeRejected("a manifest must be a JSON object")
+        if set(doc) != _KEYS:
+            extra, missing = sorted(set(doc) - _KEYS), sorted(_KEYS - set(doc))
+            raise ChangeRejected(f"manifest keys: unknown {extra}, missing {missing}")
+        if doc["format"] != PACKAGE_FORMAT:
+            raise ChangeRejected(f"manifest format {doc['format']!r} is not {PACKAGE_FORMAT!r}")
+        _check_str(doc, "package_id", PACKAGE_ID)
+        _check_str(doc, "case_id", CASE_ID)
+        _check_str(doc, "phase", PHASE)
+        _check_str(doc, "created_at", TIMESTAMP)
+        gen = _check_int(doc, "package_generation")
+        revision = _check_int(doc, "analysis_revision")
+        parent = doc["parent_generation"]
+        if parent != (gen - 1 if gen > 1 else None) or type(parent) not in (int, type(None)):
+            raise ChangeRejected(f"parent_generation {parent!r} does not precede {gen}")
+        files = _check_files(doc["files"])
+        pointers = _check_pointers(doc["pointers"], files)
+        body = raw if raw is not None else encode_manifest(doc)
+        return cls(package_id=doc["package_id"], case_id=doc["case_id"],
+                   package_generation=gen, parent_generation=parent,
+                   analysis_revision=revision, phase=doc["phase"],
+                   created_at=doc["created_at"], pointers=pointers, files=files, raw=body,
+                   sha256=sha256_hex(body))
+
+    @property
+    def generation(self) -> int:
+        return self.package_generation
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": PACKAGE_FORMAT, "package_id": self.package_id,
+                "case_id": self.case_id, "package_generation": self.package_generation,
+                "parent_generation": self.parent_generation,
+                "analysis_revision": self.analysis_revision, "phase": self.phase,
+                "created_at": self.created_at, "pointers": dict(self.pointers),
+                "files": {p: {"sha256": e.sha256, "size": e.size}
+                          for p, e in self.files.items()}}
+
+    def entry(self, path: str) -> FileEntry | None:
+        return self.files.get(path)
+
+    def paths_under(self, prefix: str) -> Iterator[str]:
+        return (p for p in self.files if p.startswith(prefix))
+
+
+def _check_str(doc: dict[str, Any], key: str, pattern: re.Pattern[str]) -> str:
+    value = doc[key]
+    if not isinstance(value, str) or pattern.fullmatch(value) is None:
+        raise ChangeRejected(f"manifest {key} {value!r} is not valid")
+    return value
+
+
+def _check_int(doc: dict[str, Any], key: str) -> int:
+    value = doc[key]
+    if type(value) is not int or value < 1 or value > 2**62:
+        raise ChangeRejected(f"manifest {key} {value!r} is not a positive integer")
+    return value
+
+
+def _check_files(files: Any) -> dict[str, FileEntry]:
+    if not isinstance(files, dict):
+        raise ChangeRejected("manifest files must be an object")
+    out = {}
+    for path, entry in files.items():
+        validate_logical_path(path)
+        if not isinstance(entry, dict) or set(entry) != {"sha256", "size"}:
+            raise ChangeRejected(f"file {path!r} must have exactly sha256 and size")
+        sha, size = entry["sha256"], entry["size"]
+        if not isinstance(sha, str) or SHA256.fullmatch(sha) is None:
+            raise ChangeRejected(f"file {path!r} has a bad sha256")
+        if type(size) is not int or size < 0 or size > 2**62:
+            raise ChangeRejected(f"file {path!r} has a bad size")
+        out[path] = FileEntry(sha, size)
+    return out
+
+
+def _check_pointers(pointers: Any, files: Mapping[str, FileEntry]) -> dict[str, str]:
+    if not isinstance(pointers, dict):
+        raise ChangeRejected("manifest pointers must be an object")
+    for name, target in pointers.items():
+        if POINTER.fullmatch(name) is None:
+            raise ChangeRejected(f"pointer name {name!r} is not valid")
+        if not isinstance(target, str) or target not in files:
+            raise ChangeRejected(f"pointer {name!r} names {target!r}, which is not in the "
+                                 "package")
+    return dict(pointers)
+
+
+def successor_violations(parent: Manifest | None, child: Manifest) -> list[str]:
+    """Why ``child`` may not follow ``parent`` (empty when it may)."""
+    out: list[str] = []
+    if parent is None:
+        if child.package_generation != 1:
+            out.append(f"generation {child.package_generation} has no parent")
+        return out
+    if child.package_generation != parent.package_generation + 1:
+        out.append(f"generation {child.package_generation} does not follow "
+                   f"{parent.package_generation}")
+    if (child.package_id, child.case_id) != (parent.package_id, parent.case_id):
+        out.append("package id or case id changed")
+    if child.analysis_revision < parent.analysis_revision:
+        out.append(f"analysis_revision went back from {parent.analysis_revision} to "
+                   f"{child.analysis_revision}")
+    removed = sorted(set(parent.files) - set(child.files))
+    if removed:
+        out.append(f"removes file(s) {', '.join(removed[:5])}")
+    dropped = sorted(set(parent.pointers) - set(child.pointers))
+    if dropped:
+        out.append(f"removes pointer(s) {', '.join(dropped[:5])}")
+    rewritten = sorted(p for p, e in parent.files.items()
+                       if is_write_once(p) and p in child.files and child.files[p] != e)
+    if rewritten:
+        out.append(f"replaces write-once file(s) {', '.join(rewritten[:5])}")
+    return out
 
 
 @attrs.frozen
@@ -53,67 +241,53 @@ class Change:
         for path in self.files:
             validate_logical_path(path)
         for name in self.pointers:
-            if _POINTER.fullmatch(name) is None:
+            if not isinstance(name, str) or POINTER.fullmatch(name) is None:
                 raise ChangeRejected(f"pointer name {name!r} is not valid")
-        if self.phase is not None and _PHASE.fullmatch(self.phase) is None:
+        if self.phase is not None and (not isinstance(self.phase, str)
+                                       or PHASE.fullmatch(self.phase) is None):
             raise ChangeRejected(f"phase {self.phase!r} is not valid")
         if self.analysis_revision is not None and (
                 type(self.analysis_revision) is not int or self.analysis_revision < 1):
             raise ChangeRejected(f"analysis_revision {self.analysis_revision!r} is not valid")
 
 
-@attrs.frozen
-class PublishRequest:
-    """Publish ``change`` on top of ``expected_generation`` (``None``: create the package)."""
+def build_manifest(parent: Manifest | None, package_id: str, case_id: str, change: Change,
+                   created_at: str) -> Manifest:
+    """The manifest of the generation that ``change`` creates on top of ``parent``.
 
-    package_id: str
-    case_id: str
-    expected_generation: int | None
-    change: Change
-
-    def __attrs_post_init__(self) -> None:
-        validate_case_id(self.case_id)
-        if self.expected_generation is None and self.change.phase is None:
-            raise ChangeRejected("creating a package needs a phase")
-
-
-@attrs.frozen
-class Published:
-    """The durable acknowledgement of one publication or import."""
-
-    package_id: str
-    case_id: str
-    generation: int
-    manifest_sha256: str
-    manifest: Mapping[str, Any]
-
-
-def build_manifest(parent: Mapping[str, Any] | None, request: PublishRequest,
-                   created_at: str) -> dict[str, Any]:
-    """The manifest of the generation that ``request`` creates on top of ``parent``."""
-    change = request.change
-    files: dict[str, Any] = dict(parent["files"]) if parent else {}
+    Refuses (``ChangeRejected``) anything :func:`successor_violations` would report."""
+    if not isinstance(package_id, str) or PACKAGE_ID.fullmatch(package_id) is None:
+        raise ChangeRejected(f"package id {package_id!r} is not valid")
+    validate_case_id(case_id)
+    files: dict[str, Any] = ({p: {"sha256": e.sha256, "size": e.size}
+                              for p, e in parent.files.items()} if parent else {})
     for path, source in change.files.items():
+        if parent is not None and is_write_once(path) and path in parent.files and (
+                parent.files[path] != FileEntry(source.sha256, source.size)):
+            raise ChangeRejected(f"{path} is write-once and already in the package")
         files[path] = {"sha256": source.sha256, "size": source.size}
-    pointers: dict[str, str] = dict(parent["pointers"]) if parent else {}
+    pointers: dict[str, str] = dict(parent.pointers) if parent else {}
     pointers.update(change.pointers)
-    for name, target in pointers.items():
-        if target not in files:
-            raise ChangeRejected(f"pointer {name!r} names {target!r}, which is not in the package")
-    generation = (parent["package_generation"] + 1) if parent else 1
-    revision = change.analysis_revision or (parent["analysis_revision"] if parent else 1)
-    return {
+    revision = change.analysis_revision or (parent.analysis_revision if parent else 1)
+    if parent is not None and revision < parent.analysis_revision:
+        raise ChangeRejected(f"analysis_revision cannot go back from "
+                             f"{parent.analysis_revision} to {revision}")
+    phase = change.phase or (parent.phase if parent else None)
+    if phase is None:
+        raise ChangeRejected("creating a package needs a phase")
+    doc = {
         "format": PACKAGE_FORMAT,
-        "package_id": request.package_id,
-        "case_id": request.case_id,
-        "package_generation": generation,
-        "parent_generation": parent["package_generation"] if parent else None,
+        "package_id": package_id,
+        "case_id": case_id,
+        "package_generation": (parent.package_generation + 1) if parent else 1,
+        "parent_generation": parent.package_generation if parent else None,
         "analysis_revision": revision,
-        "phase": change.phase or (parent["phase"] if parent else ""),
+        "phase": phase,
         "created_at": created_at,
         "pointers": pointers,
         "files": files,
     }
+    return Manifest.from_json(doc)
 
 
 def encode_manifest(manifest: Mapping[str, Any]) -> bytes:

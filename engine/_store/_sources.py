@@ -2,14 +2,19 @@
 
 A change names its files by *source* rather than by bytes, so that a 1 GiB original is
 streamed from disk (or from a member of an export zip) into the store instead of being held
-in memory. Every source knows the sha256 and size it was validated with; the store
-recomputes both while copying and refuses the publication if they differ (the file changed
-between validation and copy).
+in memory. Every source knows the sha256 and size it was validated with; for a file or a zip
+member the store recomputes both from the bytes it actually stores and refuses the
+publication if they differ (the file changed between validation and commit).
+
+A :class:`BytesSource` computes its hash from its own immutable bytes when it is built and
+cannot be given another one, so those bytes are exactly what its hash names: the store
+stores them without hashing them again.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import zipfile
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -33,17 +38,19 @@ class BlobSource(Protocol):
 
 @attrs.frozen
 class BytesSource:
-    data: bytes
-    sha256: str
-    size: int
+    data: bytes = attrs.field(converter=bytes)  # a bytearray is copied: it could change
+    sha256: str = attrs.field(init=False)
+    size: int = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "sha256", sha256_hex(self.data))
+        object.__setattr__(self, "size", len(self.data))
 
     @classmethod
     def of(cls, data: bytes) -> BytesSource:
-        return cls(data=data, sha256=sha256_hex(data), size=len(data))
+        return cls(data)
 
     def open(self) -> BinaryIO:
-        import io
-
         return io.BytesIO(self.data)
 
 
@@ -119,8 +126,12 @@ def hash_stream_path(path: Path) -> tuple[str, int]:
         return hash_stream(f)
 
 
-def read_source(source: BlobSource) -> bytes:
+def read_verified(source: BlobSource) -> bytes | None:
+    """The bytes of a small source, or ``None`` if they are not the bytes its hash names."""
     if isinstance(source, BytesSource):
         return source.data
     with source.open() as f:
-        return f.read()
+        data = f.read(source.size + 1)
+    if len(data) != source.size or sha256_hex(data) != source.sha256:
+        return None
+    return data

@@ -1,315 +1,413 @@
 """The embedded store: SQLite (WAL, synchronous=FULL) for metadata, blobs by sha256.
 
-Tables: ``blobs`` (content-addressed; small blobs inline, large ones as files with
-``data IS NULL``), ``generations`` (one row per immutable generation, with the exact
-manifest bytes and their hash) and ``refs`` (the head generation of each package; it is also
-the case index). One batch of requests is one transaction; the "swap" of a generation is
-the compare-and-swap on ``refs.generation`` made under the write lock.
+Tables (see ``_sqlite_schema``): ``blobs`` (content-addressed; small blobs inline, large
+ones as files with ``data IS NULL``), ``generations`` (one row per immutable generation,
+with the exact manifest bytes and their hash) and ``refs`` (the head generation and durable
+status of each package; the case index and the work queue). One batch of requests is one
+transaction; the "swap" of a generation is the compare-and-swap on ``refs.generation``
+made under the write lock.
+
+Opening never guesses: a store folder holds ``store.sqlite3`` and ``store-id`` (the id
+``meta.store_id`` repeats), ``blobs/`` and ``locks/``. A read-only open never creates or
+changes anything (not even a schema), and works on a store the user cannot write. A
+0-byte, schema-less or foreign index, or an index missing beside blob files, is
+``store_corrupt``; it is never initialised over. A new store is built under a temporary
+name and linked into place, so it either exists complete or not at all.
 
 Blocking by design: the publisher actor calls :meth:`commit_batch` from its one worker
-thread, and the CLI's read commands call the readers directly.
+thread; readers use one connection per thread.
 """
 
 from __future__ import annotations
 
-import json
+import fcntl
+import hashlib
+import logging
+import os
 import sqlite3
 import threading
+import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+from urllib.parse import quote
 
-import attrs
-
-from .._errors import (
-    NotFound,
-    StorageError,
-    VianoError,
-)
-from ._batch import BatchPlan, Outcome, Request
-from ._blobs import BlobFiles
+from .._canonical import utc_now_iso
+from .._errors import ChangeRejected, InputRejected, NotAStore, NotFound, StorageError, VianoError
+from .._ids import validate_case_id
+from ._blobs import BlobFiles, fsync_dir, input_changed
 from ._crash import crash_point
-from ._manifest import PublishRequest
-from ._sources import BlobSource
+from ._lock import flock_lease
+from ._manifest import Manifest
+from ._plan import BatchRows, GenerationRow, Head, PlanInput, plan_batch
+from ._protocol import BlobInfo, CaseRef, StoreStats
+from ._requests import CaseStatus, ImportRequest, Outcome, PublishRequest, Request
+from ._sources import BlobSource, BytesSource, read_verified
+from ._sqlite_schema import CURRENT_VERSION, create_current, migrate, parse_version
+from ._wal import Checkpointer
 
-STORE_FORMAT = "viano-store/1"
 # Blobs up to this size live inside SQLite; larger ones are fsynced files. Measured by
 # bench/blob_threshold.py on these machines: see the README's benchmark section.
 INLINE_THRESHOLD = 256 * 1024
 PAGE_SIZE = 32 * 1024
 WAL_SIZE_LIMIT = 64 * 1024 * 1024
-WAL_RESTART_BYTES = 64 * 1024 * 1024
 CACHE_KIB = 65536  # per connection; the 2 MiB default holds only 62 pages of 32 KiB
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS blobs (
-    sha256 BLOB PRIMARY KEY, size INTEGER NOT NULL, data BLOB);  -- 32 raw bytes: half the
-                                                                 -- index of hex text
-CREATE TABLE IF NOT EXISTS generations (
-    package_id TEXT NOT NULL, generation INTEGER NOT NULL, parent INTEGER,
-    manifest_sha256 TEXT NOT NULL, manifest BLOB NOT NULL,
-    phase TEXT NOT NULL, created_at TEXT NOT NULL,
-    PRIMARY KEY (package_id, generation));
-CREATE TABLE IF NOT EXISTS refs (
-    package_id TEXT PRIMARY KEY, case_id TEXT NOT NULL UNIQUE, generation INTEGER NOT NULL,
-    phase TEXT NOT NULL, analysis_revision INTEGER NOT NULL, updated_at TEXT NOT NULL);
-"""
+DB_NAME = "store.sqlite3"
+ID_NAME = "store-id"
+_STORE_ENTRIES = frozenset({DB_NAME, ID_NAME, "blobs", "locks", f"{DB_NAME}-wal",
+                            f"{DB_NAME}-shm"})
+_REF_COLUMNS = ("case_id, package_id, generation, phase, analysis_revision, updated_at, "
+                "status, status_phase, reason, round, max_rounds, due_at, attempt_id, "
+                "calls_started")
+log = logging.getLogger("viano.store")
 
 
-@attrs.frozen
-class CaseRef:
-    case_id: str
-    package_id: str
-    generation: int
-    phase: str
-    analysis_revision: int
-    updated_at: str
-
-
-@attrs.frozen
-class GenerationRow:
-    package_id: str
-    generation: int
-    parent: int | None
-    manifest_sha256: str
-    manifest: bytes
-    phase: str
-    created_at: str
-
-
+def _blob_ok(key: bytes, data: bytes | None) -> int:
+    """SQL function: does an inline row hold the bytes its key names? (the self-heal of
+    a duplicate insert over a damaged row)"""
+    return int(data is not None and hashlib.sha256(data).digest() == key)
 
 
 class SqliteStore:
-    """One store directory: ``store.sqlite3``, ``blobs/``, ``locks/``."""
+    """One store folder: ``store.sqlite3``, ``store-id``, ``blobs/``, ``locks/``."""
 
-    def __init__(self, root: Path, *, inline_threshold: int = INLINE_THRESHOLD):
+    kind = "sqlite"
+
+    def __init__(self, root: Path, *, writable: bool, version: int,
+                 inline_threshold: int = INLINE_THRESHOLD, immutable: bool = False):
         self.root = root
-        self.db_path = root / "store.sqlite3"
-        self.blob_files = BlobFiles(root)
+        self.db_path = root / DB_NAME
+        self._blob_files = BlobFiles(root)
         self.inline_threshold = inline_threshold
+        self._writable = writable
+        self.version = version
+        self._immutable = immutable
         self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
         self._writer: sqlite3.Connection | None = None
-        self._checkpointer: sqlite3.Connection | None = None
-        self._page_size: int | None = None
-        self._manifest_cache: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
-        self.transactions = 0
-        self.bytes_committed = 0  # blob and manifest bytes, for checkpoint pacing
+        self._commit_lock = threading.Lock()
+        self._checkpointer = Checkpointer(self._connect_writer, self._commit_lock)
+        self._cache: OrderedDict[tuple[str, int], Manifest] = OrderedDict()
+        self._cache_lock = threading.Lock()
+        self._transactions = self._requests = self._bytes = 0
 
     # -- opening ---------------------------------------------------------------------
 
     @classmethod
-    def open(cls, root: str | Path, *, create: bool, **kw: Any) -> SqliteStore:
+    def open(cls, root: str | os.PathLike[str], *, write: bool,
+             inline_threshold: int = INLINE_THRESHOLD) -> SqliteStore:
+        """Open the store at ``root``; ``write`` creates it if absent and migrates an
+        older version. See the module docstring for what is refused."""
         root = Path(root)
-        db = root / "store.sqlite3"
-        if not db.is_file():
-            if not create:
-                raise NotFound(f"no store at {root}", reason="no_store",
-                               hint="Create one with 'viano intake' or pass --store PATH.")
-            root.mkdir(parents=True, exist_ok=True)
-        store = cls(root, **kw)
-        store._init_schema()
-        return store
-
-    def _connect(self) -> sqlite3.Connection:
         try:
-            conn = sqlite3.connect(self.db_path, isolation_level=None, check_same_thread=False,
-                                   timeout=30.0)
-            # Takes effect only when the database is created. 32 KiB pages hold a whole
-            # 2-8 KiB blob without overflow chains: 1.7x the publication rate of 4 KiB
-            # pages in bench/store.py (medians of 3, see the README).
-            conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("PRAGMA busy_timeout=30000")
-            conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
-        except sqlite3.Error as exc:
-            raise StorageError(f"cannot open {self.db_path}: {exc}",
-                               reason="store_unavailable") from exc
-        return conn
+            db_exists = _check_folder(root, write)
+            if not db_exists:
+                _create(root)
+            return _open_existing(root, write, inline_threshold)
+        except OSError as exc:
+            raise StorageError(f"cannot open the store at {root}: {exc.strerror or exc}",
+                               reason="store_unavailable",
+                               hint="Check the path and its permissions.") from exc
 
-    def _init_schema(self) -> None:
-        conn = self.writer
-        with _translate("initialise the store"):
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                for stmt in _SCHEMA.strip().split(";"):
-                    if stmt.strip():
-                        conn.execute(stmt)
-                row = conn.execute("SELECT value FROM meta WHERE key='format'").fetchone()
-                if row is None:
-                    conn.execute("INSERT INTO meta VALUES ('format', ?)", (STORE_FORMAT,))
-                elif row[0] != STORE_FORMAT:
-                    raise StorageError(f"{self.root} has format {row[0]!r}, expected "
-                                       f"{STORE_FORMAT!r}", reason="store_format",
-                                       hint="Use a Viano version that reads this format.")
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
+    @property
+    def location(self) -> str:
+        return str(self.root)
+
+    @property
+    def writable(self) -> bool:
+        return self._writable
+
+    @property
+    def blob_files(self) -> BlobFiles:
+        return self._blob_files
+
+    def _connect_writer(self) -> sqlite3.Connection:
+        return _connect(self.db_path, writer=True)
 
     @property
     def writer(self) -> sqlite3.Connection:
+        if not self._writable:
+            raise StorageError(f"the store at {self.root} is open read-only",
+                               reason="store_read_only",
+                               hint="Run a command that writes with a store you can write.")
         if self._writer is None:
-            self._writer = self._connect()
+            self._writer = self._connect_writer()
+            self._writer.create_function("viano_blob_ok", 2, _blob_ok, deterministic=True)
+            # The checkpointer runs checkpoints; the writer never does (see _wal).
+            self._writer.execute("PRAGMA wal_autocheckpoint=0")
         return self._writer
 
     @property
     def reader(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self._connect()
+            conn = _connect_reader(self.db_path, immutable=self._immutable)
             self._local.conn = conn
+            with self._readers_lock:
+                self._readers.append(conn)
         return conn
 
-    def move_checkpoints_off_the_commit_path(self) -> None:
-        """Stop the writer from checkpointing inside COMMIT; the caller then runs
-        :meth:`checkpoint` in the background. With the default auto-checkpoint almost
-        every group commit also copied its pages into the database file and fsynced it
-        on the critical path (measured: +28% publications/s without)."""
-        self.writer.execute("PRAGMA wal_autocheckpoint=0")
-
-    def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
-        """A checkpoint on its own connection; returns SQLite's (busy, wal frames, frames
-        checkpointed).
-
-        PASSIVE copies the bulk of the WAL into the database without blocking anyone, but
-        never catches a busy writer's tail, so alone it never lets the WAL restart: it grew
-        to 2.6 GB in 12 s and throughput fell from 6,400 to 2,900 publications/s as page
-        lookups searched a growing WAL index. RESTART, run while no commit is in flight (the
-        publisher holds it off), copies the little that is left and makes the next commit
-        start the WAL afresh. A reader elsewhere holding an old snapshot makes RESTART give
-        up after 200 ms (``busy`` = 1) rather than stall the publisher."""
-        if mode not in ("PASSIVE", "RESTART"):
-            raise ValueError(f"unsupported checkpoint mode {mode!r}")
-        if self._checkpointer is None:
-            self._checkpointer = self._connect()
-        conn = self._checkpointer
-        with _translate("checkpoint the write-ahead log"):
-            if mode == "PASSIVE":
-                row = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-            else:
-                conn.execute("PRAGMA busy_timeout=200")
-                try:
-                    row = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
-                finally:
-                    conn.execute("PRAGMA busy_timeout=30000")
-        return int(row[0]), int(row[1]), int(row[2])
-
-    def wal_needs_restart(self, wal_frames: int) -> bool:
-        """From the frame count a checkpoint reported: the WAL's logical length. The file
-        size would not do, since ``journal_size_limit`` keeps the file that large after a
-        restart."""
-        return wal_frames * self.page_size > WAL_RESTART_BYTES
-
-    @property
-    def page_size(self) -> int:
-        if self._page_size is None:
-            self._page_size = int(self.writer.execute("PRAGMA page_size").fetchone()[0])
-        return self._page_size
-
-    def wal_bytes(self) -> int:
-        try:
-            return (self.root / "store.sqlite3-wal").stat().st_size
-        except FileNotFoundError:
-            return 0
-
     def close(self) -> None:
-        if self._checkpointer is not None:
-            self._checkpointer.close()
-            self._checkpointer = None
+        self._checkpointer.close()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-            self._local.conn = None
+        with self._readers_lock:
+            for conn in self._readers:
+                conn.close()
+            self._readers.clear()
+        self._local = threading.local()
 
     # -- writing ---------------------------------------------------------------------
 
     def commit_batch(self, requests: Sequence[Request]) -> list[Outcome]:
-        """Commit every valid request of the batch in one transaction.
+        """Commit every acceptable request of the batch in one transaction.
 
         Returns one outcome per request, in order: its durable acknowledgement, or the
-        reason it was refused (stale parent, existing case, changed input). A refused
-        request writes nothing; the others are unaffected. Large blobs are written and
-        fsynced before the transaction starts.
+        reason it was refused. A refused request writes nothing; the others are unaffected.
         """
-        outcomes: list[Outcome | None] = [None] * len(requests)
-        for i, req in enumerate(requests):
-            try:
-                self._write_large_blobs(req)
-            except VianoError as exc:
-                outcomes[i] = exc
         conn = self.writer
-        with _translate("commit a batch"):
+        refused: list[VianoError | None] = [None] * len(requests)
+        inline: dict[str, bytes] = {}
+        large: dict[str, list[tuple[int, BlobSource]]] = {}
+        for i, req in enumerate(requests):
+            refused[i] = self._prepare(req, inline, large, i)
+        crash_point("batch.blobs_ready")
+        with self._commit_lock, _translate("commit a batch"):
             conn.execute("BEGIN IMMEDIATE")
             try:
-                plan = BatchPlan(self, conn, requests, outcomes)
-                plan.run()
+                self._recheck_files(large, refused)
+                rows = plan_batch(self._plan_input(conn, requests, refused, inline))
+                self._write(conn, rows)
                 crash_point("txn.before_commit")
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-        self.transactions += 1
-        self.bytes_committed += plan.bytes_written
+        self._transactions += 1
+        self._requests += len(requests)
+        self._bytes += rows.bytes_written
         crash_point("txn.after_commit")
-        for key, manifest in plan.new_manifests:
-            self._cache_manifest(key, manifest)
-        return [o if o is not None else StorageError("request produced no outcome")
-                for o in outcomes]
+        for manifest in rows.new_manifests:
+            self._remember(manifest)
+        self._checkpointer.committed(rows.bytes_written)
+        return rows.outcomes
 
-    def _write_large_blobs(self, req: Request) -> None:
-        sources: Iterable[BlobSource] = (
-            req.change.files.values() if isinstance(req, PublishRequest) else req.blobs.values())
-        for source in sources:
-            if source.size > self.inline_threshold:
-                with _translate("write a blob file"):
-                    self.blob_files.write(source)
+    def _prepare(self, req: Request, inline: dict[str, bytes],
+                 large: dict[str, list[tuple[int, BlobSource]]], i: int) -> VianoError | None:
+        """Write the large blobs of one request and read its small ones, hashing the bytes
+        that will be stored. Returns the refusal of this request, if any."""
+        if isinstance(req, PublishRequest):
+            sources: Sequence[BlobSource] = list(req.change.files.values())
+        elif isinstance(req, ImportRequest):
+            sources = list(req.blobs.values())
+        else:
+            return None
+        try:
+            for source in sources:
+                if source.size > self.inline_threshold:
+                    if source.sha256 not in large:
+                        self._blob_files.write(source)
+                    large.setdefault(source.sha256, []).append((i, source))
+                elif source.sha256 not in inline:
+                    data = read_verified(source)
+                    if data is None:
+                        return input_changed(source)
+                    inline[source.sha256] = data
+        except VianoError as exc:
+            return exc
+        except OSError as exc:
+            return InputRejected(f"cannot read an input while storing it: "
+                                 f"{exc.strerror or exc}", reason="unreadable_input",
+                                 hint="Check that the input files are readable and run the "
+                                      "command again.")
+        return None
 
-    def _cache_manifest(self, key: tuple[str, int], manifest: dict[str, Any]) -> None:
-        self._manifest_cache[key] = manifest
-        self._manifest_cache.move_to_end(key)
-        while len(self._manifest_cache) > 4096:
-            self._manifest_cache.popitem(last=False)
+    def _recheck_files(self, large: dict[str, list[tuple[int, BlobSource]]],
+                       refused: list[VianoError | None]) -> None:
+        """gc protocol, step 2: under the write lock, every file this batch references is
+        in place; one that gc removed since it was written is written again here."""
+        for sha, users in large.items():
+            live = [(i, s) for i, s in users if refused[i] is None]
+            if not live or self._blob_files.exists(sha, live[0][1].size):
+                continue
+            for i, source in live:
+                try:
+                    self._blob_files.write(source)
+                    break
+                except (VianoError, OSError) as exc:
+                    refused[i] = exc if isinstance(exc, VianoError) else input_changed(source)
 
-    def cached_manifest(self, conn: sqlite3.Connection, package_id: str,
-                        generation: int) -> dict[str, Any]:
-        key = (package_id, generation)
-        cached = self._manifest_cache.get(key)
-        if cached is not None:
-            return cached
-        row = conn.execute("SELECT manifest FROM generations WHERE package_id=? AND generation=?",
-                           key).fetchone()
-        if row is None:
-            raise StorageError(f"generation {generation} of package {package_id} is missing")
-        manifest: dict[str, Any] = json.loads(row[0])
-        self._cache_manifest(key, manifest)
-        return manifest
+    def _plan_input(self, conn: sqlite3.Connection, requests: Sequence[Request],
+                    refused: list[VianoError | None], inline: dict[str, bytes]) -> PlanInput:
+        pkgs = sorted({r.package_id for r in requests})
+        cases = sorted({r.case_id for r in requests})
+        heads: dict[str, Head] = {}
+        owners: dict[str, str] = {}
+        for chunk in _chunks(pkgs, 500):
+            marks = ",".join("?" * len(chunk))
+            for row in conn.execute(f"SELECT {_REF_COLUMNS} FROM refs WHERE package_id IN "
+                                    f"({marks})", chunk):
+                ref = _ref(row)
+                heads[ref.package_id] = Head(ref.case_id, ref.generation, ref.status)
+        for chunk in _chunks(cases, 500):
+            marks = ",".join("?" * len(chunk))
+            for case, pkg in conn.execute(
+                    f"SELECT case_id, package_id FROM refs WHERE case_id IN ({marks})", chunk):
+                owners[case] = pkg
+        parents: dict[str, Manifest] = {}
+        broken: dict[str, VianoError] = {}
+        for pkg, head in heads.items():
+            try:
+                parents[pkg] = self._manifest(conn, pkg, head.generation)
+            except VianoError as exc:
+                broken[pkg] = exc
+        histories: dict[str, list[str]] = {}
+        for i, req in enumerate(requests):
+            if req.package_id in broken and refused[i] is None:
+                refused[i] = broken[req.package_id]
+            if isinstance(req, ImportRequest) and req.package_id not in histories:
+                histories[req.package_id] = [r[0] for r in conn.execute(
+                    "SELECT manifest_sha256 FROM generations WHERE package_id=? "
+                    "ORDER BY generation", (req.package_id,))]
+        return PlanInput(requests=requests, heads=heads, owners=owners, parents=parents,
+                         histories=histories, refused=refused, inline=inline,
+                         inline_threshold=self.inline_threshold, now=utc_now_iso())
+
+    def _write(self, conn: sqlite3.Connection, rows: BatchRows) -> None:
+        # A duplicate of an existing blob never overwrites it, unless the existing row is
+        # damaged (its bytes no longer hash to its key): then the verified bytes heal it.
+        conn.executemany(
+            "INSERT INTO blobs (sha256, size, data) VALUES (?, ?, ?) ON CONFLICT (sha256) "
+            "DO UPDATE SET size=excluded.size, data=excluded.data WHERE excluded.data IS NOT "
+            "NULL AND NOT viano_blob_ok(blobs.sha256, blobs.data)",
+            [(bytes.fromhex(sha), size, data) for sha, (size, data) in rows.blobs.items()])
+        conn.executemany(
+            "INSERT INTO generations (package_id, generation, parent, manifest_sha256, "
+            "manifest, phase, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(g.package_id, g.generation, g.parent, g.manifest_sha256, g.manifest, g.phase,
+              g.created_at) for g in rows.generations])
+        conn.executemany(
+            "INSERT INTO refs (package_id, case_id, generation, phase, analysis_revision, "
+            "updated_at, status, status_phase, reason, round, max_rounds, due_at, attempt_id, "
+            "calls_started) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (package_id) DO UPDATE SET generation=excluded.generation, "
+            "phase=excluded.phase, analysis_revision=excluded.analysis_revision, "
+            "updated_at=excluded.updated_at, status=excluded.status, "
+            "status_phase=excluded.status_phase, reason=excluded.reason, "
+            "round=excluded.round, max_rounds=excluded.max_rounds, due_at=excluded.due_at, "
+            "attempt_id=excluded.attempt_id, calls_started=excluded.calls_started",
+            [_ref_row(r.package_id, r.case_id, r.generation, r.phase, r.analysis_revision,
+                      r.updated_at, r.status) for r in rows.refs.values()])
+
+    # -- leases and maintenance --------------------------------------------------------
+
+    @contextmanager
+    def lease(self, case_id: str) -> Iterator[None]:
+        """The case lease: a non-blocking ``flock`` on ``locks/<case>.lock``, released by
+        the OS if the holder dies. Busy → :class:`CaseLocked` (DEFERRED)."""
+        if not self._writable:
+            raise StorageError(f"the store at {self.root} is open read-only",
+                               reason="store_read_only")
+        with flock_lease(self.root / "locks", validate_case_id(case_id)):
+            yield
+
+    @contextmanager
+    def exclusive(self) -> Iterator[_Exclusive]:
+        """Hold the write lock against every commit, in every process (gc)."""
+        conn = self.writer
+        with self._commit_lock, _translate("lock the store"):
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield _Exclusive(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+    def index_problems(self) -> list[str]:
+        """What makes the index unfit to judge the blobs by (verify and gc refuse then)."""
+        with _translate("inspect the index"):
+            gens = self.reader.execute("SELECT COUNT(*) FROM generations").fetchone()[0]
+            blob_rows = self.reader.execute("SELECT COUNT(*) FROM blobs").fetchone()[0]
+        if gens:
+            return []
+        problems = []
+        if blob_rows:
+            problems.append(f"the index has no generations but holds {blob_rows} blob(s): "
+                            "it was emptied or replaced")
+        if self._blob_files.has_any() and not self._id_matches():
+            problems.append("blob files exist but the index is empty and does not belong to "
+                            "them (store-id)")
+        return problems
+
+    def _id_matches(self) -> bool:
+        try:
+            ours = self.reader.execute("SELECT value FROM meta WHERE key='store_id'").fetchone()
+            return ours is not None and (self.root / ID_NAME).read_text().strip() == ours[0]
+        except (OSError, sqlite3.Error):
+            return False
+
+    def stats(self) -> StoreStats:
+        return StoreStats(self._transactions, self._requests, self._bytes)
+
+    @property
+    def transactions(self) -> int:
+        return self._transactions
 
     # -- reading ---------------------------------------------------------------------
 
+    def _select_refs(self, where: str = "", args: Sequence[Any] = ()) -> list[CaseRef]:
+        cols = _REF_COLUMNS if self.version >= 2 else _REF_COLUMNS.split(", status,")[0]
+        with _translate("read the case index"):
+            rows = self.reader.execute(f"SELECT {cols} FROM refs {where}", args).fetchall()
+        return [_ref(r) for r in rows]
+
     def list_cases(self) -> list[CaseRef]:
-        with _translate("list cases"):
-            rows = self.reader.execute(
-                "SELECT case_id, package_id, generation, phase, analysis_revision, updated_at "
-                "FROM refs ORDER BY case_id").fetchall()
-        return [CaseRef(*r) for r in rows]
+        return self._select_refs("ORDER BY case_id")
 
     def case(self, case_id: str) -> CaseRef:
-        with _translate("read a case"):
-            row = self.reader.execute(
-                "SELECT case_id, package_id, generation, phase, analysis_revision, updated_at "
-                "FROM refs WHERE case_id=?", (case_id,)).fetchone()
-        if row is None:
+        rows = self._select_refs("WHERE case_id=?", (case_id,))
+        if not rows:
             raise NotFound(f"no case {case_id!r} in {self.root}", reason="unknown_case")
-        return CaseRef(*row)
+        return rows[0]
+
+    def due_cases(self, now: float, limit: int) -> list[CaseRef]:
+        """Cases with work now: READY, or RETRY_PENDING whose due time has come, from the
+        (status, due_at) index. Overdue retries come first (oldest due first), then READY
+        cases, which count as due now."""
+        if self.version < 2:
+            return self._select_refs("ORDER BY case_id LIMIT ?", (limit,))
+        return self._select_refs(
+            "WHERE status='READY' OR (status='RETRY_PENDING' AND due_at <= ?) "
+            "ORDER BY COALESCE(due_at, ?), case_id LIMIT ?", (now, now, limit))
+
+    def next_due(self) -> float | None:
+        """The earliest due time of a RETRY_PENDING case, if any."""
+        if self.version < 2:
+            return None
+        with _translate("read the case index"):
+            row = self.reader.execute("SELECT MIN(due_at) FROM refs WHERE "
+                                      "status='RETRY_PENDING'").fetchone()
+        return None if row[0] is None else float(row[0])
+
+    def status_counts(self) -> dict[tuple[str, str], int]:
+        if self.version < 2:
+            sql = "SELECT phase, 'READY', COUNT(*) FROM refs GROUP BY phase"
+        else:
+            sql = "SELECT phase, COALESCE(status, 'READY'), COUNT(*) FROM refs GROUP BY 1, 2"
+        with _translate("count cases"):
+            return {(p, s): n for p, s, n in self.reader.execute(sql)}
+
+    def package_ids(self) -> list[str]:
+        with _translate("list packages"):
+            rows = self.reader.execute(
+                "SELECT DISTINCT package_id FROM generations ORDER BY package_id").fetchall()
+        return [r[0] for r in rows]
 
     def generations(self, package_id: str) -> list[GenerationRow]:
         with _translate("read generations"):
@@ -317,58 +415,338 @@ class SqliteStore:
                 "SELECT package_id, generation, parent, manifest_sha256, manifest, phase, "
                 "created_at FROM generations WHERE package_id=? ORDER BY generation",
                 (package_id,)).fetchall()
-        return [GenerationRow(*r) for r in rows]
+        return [GenerationRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6]) for r in rows]
 
-    def all_package_ids(self) -> list[str]:
-        with _translate("list packages"):
-            rows = self.reader.execute(
-                "SELECT DISTINCT package_id FROM generations ORDER BY package_id").fetchall()
-        return [r[0] for r in rows]
+    def manifest(self, package_id: str, generation: int) -> Manifest:
+        """Generation ``generation`` of a package, its bytes checked against their hash."""
+        return self._manifest(self.reader, package_id, generation)
 
-    def manifest_bytes(self, package_id: str, generation: int) -> bytes:
+    def _manifest(self, conn: sqlite3.Connection, package_id: str, generation: int
+                  ) -> Manifest:
+        key = (package_id, generation)
+        with self._cache_lock:
+            cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        if type(generation) is not int or not 1 <= generation <= 2**62:
+            raise NotFound(f"there is no generation {generation!r}",
+                           reason="unknown_generation",
+                           hint="Generations are numbered from 1; run 'viano log CASE'.")
         with _translate("read a manifest"):
-            row = self.reader.execute(
-                "SELECT manifest FROM generations WHERE package_id=? AND generation=?",
-                (package_id, generation)).fetchone()
+            row = conn.execute("SELECT manifest, manifest_sha256 FROM generations WHERE "
+                               "package_id=? AND generation=?", key).fetchone()
         if row is None:
             raise NotFound(f"package {package_id} has no generation {generation}",
                            reason="unknown_generation",
                            hint="Run 'viano log CASE' to list its generations.")
-        return bytes(row[0])
+        try:
+            manifest = Manifest.parse(bytes(row[0]), row[1])
+        except ChangeRejected as exc:
+            raise StorageError(f"generation {generation} of package {package_id} is damaged: "
+                               f"{exc.message}", reason="store_corrupt") from exc
+        if (manifest.package_id, manifest.package_generation) != key:
+            raise StorageError(f"generation {generation} of package {package_id} holds "
+                               "another generation's manifest", reason="store_corrupt")
+        self._remember(manifest)
+        return manifest
 
-    def manifest(self, case_id: str, generation: int | None = None) -> dict[str, Any]:
-        ref = self.case(case_id)
-        result: dict[str, Any] = json.loads(
-            self.manifest_bytes(ref.package_id, generation or ref.generation))
-        return result
+    def _remember(self, manifest: Manifest) -> None:
+        with self._cache_lock:
+            key = (manifest.package_id, manifest.package_generation)
+            self._cache[key] = manifest
+            self._cache.move_to_end(key)
+            while len(self._cache) > 4096:
+                self._cache.popitem(last=False)
 
-    def blob_row(self, sha256: str) -> tuple[int, bytes | None] | None:
+    def blob_info(self, sha256: str) -> BlobInfo | None:
         with _translate("read a blob"):
-            row = self.reader.execute("SELECT size, data FROM blobs WHERE sha256=?",  # key
+            row = self.reader.execute("SELECT size, data IS NOT NULL FROM blobs WHERE "
+                                      "sha256=?", (bytes.fromhex(sha256),)).fetchone()
+        return None if row is None else BlobInfo(row[0], bool(row[1]))
+
+    def _inline(self, sha256: str) -> bytes | None:
+        with _translate("read a blob"):
+            row = self.reader.execute("SELECT size, data FROM blobs WHERE sha256=?",
                                       (bytes.fromhex(sha256),)).fetchone()
-        return None if row is None else (row[0], None if row[1] is None else bytes(row[1]))
+        if row is None:
+            raise StorageError(f"blob {sha256} is not in the store", reason="store_corrupt")
+        return None if row[1] is None else bytes(row[1])
 
     def read_blob(self, sha256: str) -> bytes:
-        row = self.blob_row(sha256)
-        if row is None:
-            raise StorageError(f"blob {sha256} is not in the store")
-        if row[1] is not None:
-            return row[1]
-        return self.blob_files.open(sha256).read_bytes()
+        data = self._inline(sha256)
+        if data is not None:
+            return data
+        with self.open_blob(sha256) as f:
+            return f.read()
 
-    def blob_path(self, sha256: str) -> Path | None:
-        """The file holding a large blob, or ``None`` if it is stored inline."""
-        row = self.blob_row(sha256)
-        if row is None:
-            raise StorageError(f"blob {sha256} is not in the store")
-        return self.blob_files.open(sha256) if row[1] is None else None
+    def open_blob(self, sha256: str) -> BinaryIO:
+        data = self._inline(sha256)
+        if data is not None:
+            return BytesSource(data).open()
+        try:
+            return self._blob_files.open(sha256).open("rb")
+        except FileNotFoundError as exc:
+            raise StorageError(f"blob file {sha256} is missing", reason="store_corrupt") from exc
 
-    def referenced_hashes(self, conn: sqlite3.Connection | None = None) -> set[str]:
-        conn = conn or self.reader
+
+class _Exclusive:
+    def __init__(self, conn: sqlite3.Connection):
+        self.conn = conn
+
+    def referenced_hashes(self) -> set[str]:
+        """Every sha256 any generation names. A manifest that cannot be read makes this
+        refuse: gc must not guess what a damaged generation references."""
         refs: set[str] = set()
-        for (raw,) in conn.execute("SELECT manifest FROM generations"):
-            refs.update(e["sha256"] for e in json.loads(raw)["files"].values())
+        for pkg, gen, raw, sha in self.conn.execute(
+                "SELECT package_id, generation, manifest, manifest_sha256 FROM generations"):
+            try:
+                manifest = Manifest.parse(bytes(raw), sha)
+            except ChangeRejected as exc:
+                raise StorageError(f"generation {gen} of package {pkg} is damaged, so gc "
+                                   "cannot know what it references; nothing was removed",
+                                   reason="store_corrupt") from exc
+            refs.update(e.sha256 for e in manifest.files.values())
         return refs
+
+
+def _ref(row: Sequence[Any]) -> CaseRef:
+    status = None
+    if len(row) > 6 and row[6] is not None:
+        status = CaseStatus(status=row[6], phase=row[7], reason=row[8], round=row[9],
+                            max_rounds=row[10], due_at=None if row[11] is None
+                            else float(row[11]), attempt_id=row[12], calls_started=row[13])
+    elif len(row) == 6:
+        status = CaseStatus(status="READY", phase=row[3])  # a version-1 store: at intake
+    return CaseRef(row[0], row[1], row[2], row[3], row[4], row[5], status)
+
+
+def _ref_row(pkg: str, case: str, gen: int, phase: str, revision: int, updated: str,
+             status: CaseStatus | None) -> tuple[Any, ...]:
+    s = status or CaseStatus(status="READY", phase=phase)
+    return (pkg, case, gen, phase, revision, updated, s.status, s.phase, s.reason, s.round,
+            s.max_rounds, s.due_at, s.attempt_id, s.calls_started)
+
+
+def _chunks(items: Sequence[str], n: int) -> Iterator[Sequence[str]]:
+    for i in range(0, len(items), n):
+        yield items[i:i + n]
+
+
+# -- opening, creating, migrating ----------------------------------------------------
+
+
+def _check_folder(root: Path, write: bool) -> bool:
+    """Whether ``root`` holds an index; refuses a folder that is not (or no longer) a
+    store. Creates nothing."""
+    if root.exists() and not root.is_dir():
+        raise NotAStore(f"--store {root} is a file, not a store folder")
+    db = root / DB_NAME
+    if db.exists() or db.is_symlink():
+        if not db.is_file():
+            raise StorageError(f"{db} is not a regular file", reason="store_corrupt")
+        return True
+    entries = set(os.listdir(root)) if root.is_dir() else set()
+    leftovers = {e for e in entries if e.startswith(f"{DB_NAME}.creating")} | {ID_NAME, "locks"}
+    if "blobs" in entries:
+        raise StorageError(f"{root} holds blob files but its index {DB_NAME} is missing",
+                           reason="store_corrupt",
+                           hint="Restore store.sqlite3 from a backup; do not write to this "
+                                "store until then.")
+    foreign = entries - leftovers
+    if foreign:
+        raise NotAStore(f"{root} is a folder that is not a Viano store (it holds "
+                        f"{', '.join(sorted(foreign)[:3])})")
+    if not write:
+        raise NotFound(f"no store at {root}", reason="no_store",
+                       hint="Create one with 'viano intake' or pass --store PATH.")
+    return False
+
+
+def _create(root: Path) -> None:
+    """Build a new store under a temporary name and link it into place (never over an
+    existing index: ``link`` fails if one appeared meanwhile). Creators in several
+    processes take turns on ``locks/.create``."""
+    (root / "locks").mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / "locks" / ".create", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # brief: only while one process builds the index
+        if not (root / DB_NAME).exists():
+            _build(root)
+    finally:
+        os.close(fd)
+
+
+def _build(root: Path) -> None:
+    for leftover in root.glob(f"{DB_NAME}.creating*"):
+        leftover.unlink(missing_ok=True)  # a crashed creator's: we hold the create lock
+    tmp = root / f"{DB_NAME}.creating-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    store_id = str(uuid.uuid4())
+    conn = _connect(tmp, writer=True)
+    try:
+        with _translate("create the store"):
+            conn.execute("BEGIN IMMEDIATE")
+            create_current(conn, store_id)
+            conn.execute("COMMIT")
+    finally:
+        conn.close()
+    try:
+        os.link(tmp, root / DB_NAME)
+        created = True
+    except FileExistsError:
+        created = False  # another process created the store first: use theirs
+    finally:
+        tmp.unlink(missing_ok=True)
+        for suffix in ("-wal", "-shm"):
+            Path(f"{tmp}{suffix}").unlink(missing_ok=True)
+    if created:
+        # A crash before this line leaves the index without its id file; the next write
+        # open writes it from meta.store_id (see _check_id).
+        _write_id(root, store_id)
+    fsync_dir(root)
+
+
+def _write_id(root: Path, store_id: str) -> None:
+    tmp = root / f".{ID_NAME}.{os.getpid()}"
+    with tmp.open("w") as f:
+        f.write(store_id + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, root / ID_NAME)
+
+
+def _open_existing(root: Path, write: bool, inline_threshold: int) -> SqliteStore:
+    db = root / DB_NAME
+    conn, immutable = _probe(db)
+    try:
+        version, store_id = _read_meta(conn, db)
+    finally:
+        conn.close()
+    if version > CURRENT_VERSION:
+        raise StorageError(f"{root} has store format {version}; this Viano reads up to "
+                           f"{CURRENT_VERSION}", reason="store_format",
+                           hint="Upgrade Viano to open this store.")
+    if write and version < CURRENT_VERSION:
+        version = _migrate(root, db, version)
+    elif write and store_id is not None:
+        _check_id(root, store_id)
+    return SqliteStore(root, writable=write, version=version,
+                       inline_threshold=inline_threshold, immutable=immutable)
+
+
+def _check_id(root: Path, store_id: str) -> None:
+    try:
+        on_disk = (root / ID_NAME).read_text().strip()
+    except FileNotFoundError:
+        _write_id(root, store_id)  # a crash between creating the index and its id file
+        return
+    if on_disk != store_id:
+        raise StorageError(f"{root}: the index belongs to another store (store-id "
+                           f"{on_disk[:8]}… on disk, {store_id[:8]}… in {DB_NAME})",
+                           reason="store_corrupt",
+                           hint="Restore the store's own store.sqlite3; do not write to it.")
+
+
+def _migrate(root: Path, db: Path, version: int) -> int:
+    conn = _connect(db, writer=True)
+    try:
+        with _translate("migrate the store"):
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                current, store_id = _read_meta(conn, db)  # another process may have won
+                if current < CURRENT_VERSION:
+                    existing = root / ID_NAME
+                    store_id = existing.read_text().strip() if existing.is_file() \
+                        else str(uuid.uuid4())
+                    _write_id(root, store_id)
+                    migrate(conn, current, store_id)
+                    log.info("migrated %s from store format %d to %d", root, current,
+                             CURRENT_VERSION)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+    finally:
+        conn.close()
+    return CURRENT_VERSION
+
+
+def _read_meta(conn: sqlite3.Connection, db: Path) -> tuple[int, str | None]:
+    try:
+        rows = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    except sqlite3.DatabaseError as exc:
+        raise StorageError(f"{db} is not an initialised Viano store ({exc})",
+                           reason="store_corrupt",
+                           hint="Restore store.sqlite3 from a backup; it is empty, "
+                                "schema-less or not a Viano index.") from exc
+    version = parse_version(str(rows.get("format", "")))
+    if version is None:
+        raise StorageError(f"{db} has no Viano store format", reason="store_corrupt")
+    return version, rows.get("store_id")
+
+
+def _connect(path: Path, *, writer: bool) -> sqlite3.Connection:
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                               timeout=30.0)
+        if writer:
+            # Takes effect only when the database is created. 32 KiB pages hold a whole
+            # 2-8 KiB blob without overflow chains: 1.7x the publication rate of 4 KiB
+            # pages in bench/store.py (medians of 3, see the README).
+            conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
+            conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA busy_timeout=30000")
+        conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+    except sqlite3.Error as exc:
+        raise StorageError(f"cannot open {path}: {exc}", reason=_reason(exc)) from exc
+    return conn
+
+
+def _reason(exc: sqlite3.Error) -> str:
+    """OperationalError: locked, read-only, disk full, I/O; the rest: a damaged file."""
+    return "store_unavailable" if isinstance(exc, sqlite3.OperationalError) else "store_corrupt"
+
+
+def _reader(path: Path, immutable: bool) -> sqlite3.Connection:
+    """A read-only connection, touched once so that opening problems show here. Raises
+    sqlite3 errors (the callers translate them)."""
+    uri = f"file:{quote(str(path))}?mode=ro" + ("&immutable=1" if immutable else "")
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False,
+                           timeout=30.0)
+    try:
+        conn.execute("PRAGMA busy_timeout=30000")
+        conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _connect_reader(path: Path, *, immutable: bool) -> sqlite3.Connection:
+    try:
+        return _reader(path, immutable)
+    except sqlite3.Error as exc:
+        raise StorageError(f"cannot read {path}: {exc}", reason=_reason(exc)) from exc
+
+
+def _probe(db: Path) -> tuple[sqlite3.Connection, bool]:
+    """A read-only connection that works even where the user cannot write: WAL readers
+    need the ``-shm`` file, which SQLite cannot create in a read-only folder. With no
+    ``-wal`` there is no writer whose work could be missed, so ``immutable`` is exact."""
+    try:
+        return _reader(db, False), False
+    except sqlite3.OperationalError as exc:
+        text = str(exc).lower()
+        if ("readonly" in text or "unable to open" in text) and \
+                not Path(f"{db}-wal").exists():
+            return _connect_reader(db, immutable=True), True
+        raise StorageError(f"cannot read {db}: {exc}", reason="store_unavailable",
+                           hint="Check the store's permissions.") from exc
+    except sqlite3.DatabaseError as exc:
+        raise StorageError(f"{db} is not a SQLite database ({exc})", reason="store_corrupt",
+                           hint="Restore store.sqlite3 from a backup.") from exc
 
 
 @contextmanager
@@ -378,7 +756,12 @@ def _translate(doing: str) -> Iterator[None]:
         yield
     except VianoError:
         raise
-    except (sqlite3.Error, OSError) as exc:
+    except sqlite3.DatabaseError as exc:
+        raise StorageError(f"could not {doing}: {exc}", reason=_reason(exc),
+                           hint="Check that the store path is writable and the disk is not "
+                                "full, then run 'viano verify'.") from exc
+    except OSError as exc:
         raise StorageError(f"could not {doing}: {exc}", reason="store_unavailable",
                            hint="Check that the store path is writable and the disk is not "
                                 "full, then run the command again.") from exc
+

@@ -1,25 +1,37 @@
 """``viano verify``: recompute every hash and check every invariant of the store.
 
-Checked per package: generations 1..N are contiguous with parent = N-1; each manifest's
-bytes hash to the recorded sha256 and carry the same package id, case id and format; the ref
-points at the last generation with its phase and revision; every pointer names a file of its
-manifest; every file names a blob whose recomputed sha256 and size match. Each blob is hashed
-once however many generations share it. Orphan blob files are not violations (only a crash
-leaves them; ``gc`` removes them) but are counted.
+Checked per package: generations 1..N are contiguous; each manifest's bytes hash to the
+recorded sha256, are canonical and pass every rule a local publication must
+(``Manifest.parse``); each generation is a valid successor of its parent (no file or
+pointer removed, no write-once file replaced, ids and revision consistent); the ref
+points at the last generation with its phase and revision; every file names a blob whose
+recomputed sha256 and size match. Each blob is hashed once however many generations share
+it, and a bad blob is reported once for each case that references it. Phase-level checks
+(the interpretation's bindings, the hypothesis registry) are passed in by the caller.
+
+A damaged generation never stops the check: it is reported and the rest goes on. Orphan
+blob files and leftover temporary files are counted (only crashes leave them; ``gc``
+removes both). A store whose index is missing or empty while blobs exist is refused
+(``store_corrupt``): judging the blobs by it would call them all orphans.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
 
-from ._manifest import PACKAGE_FORMAT
+from .._errors import ChangeRejected, StorageError, VianoError
+from ._manifest import Manifest, successor_violations
+from ._plan import GenerationRow
+from ._protocol import CaseRef, Store
 from ._sources import CHUNK
-from ._sqlite import SqliteStore
+
+# A phase-level check: given the store and a package's manifests (in generation order),
+# the violations it finds.
+PackageCheck = Callable[[Store, Sequence[Manifest]], list[str]]
 
 
 @attrs.frozen
@@ -37,123 +49,157 @@ class VerifyReport:
     generations: int
     blobs_checked: int
     orphan_blob_files: int
+    temporary_files: int
     violations: tuple[Violation, ...]
 
     @property
     def ok(self) -> bool:
         return not self.violations
 
+    @property
+    def cases_affected(self) -> list[str]:
+        return sorted({v.case_id for v in self.violations})
+
     def to_json(self) -> dict[str, Any]:
         return {"ok": self.ok, "cases": self.cases, "generations": self.generations,
                 "blobs_checked": self.blobs_checked,
                 "orphan_blob_files": self.orphan_blob_files,
+                "temporary_files": self.temporary_files,
+                "cases_affected": self.cases_affected,
                 "violations": [v.to_json() for v in self.violations]}
 
 
-def verify_store(store: SqliteStore, case_ids: Iterable[str] | None = None,
-                 progress: Callable[[int], None] | None = None) -> VerifyReport:
+@attrs.define
+class _Need:
+    size: int
+    where: str
+    cases: set[str] = attrs.field(factory=set)
+
+
+def verify_store(store: Store, case_ids: Iterable[str] | None = None,
+                 progress: Callable[[int], None] | None = None,
+                 checks: Sequence[PackageCheck] = ()) -> VerifyReport:
+    problems = store.index_problems()
+    if problems:
+        raise StorageError(f"{store.location}: {'; '.join(problems)}", reason="store_corrupt",
+                           hint="Restore store.sqlite3 from a backup; verify and gc refuse to "
+                                "judge blobs by an empty index.")
     refs = {r.package_id: r for r in store.list_cases()}
     wanted = set(case_ids) if case_ids is not None else None
     violations: list[Violation] = []
     if wanted is not None:
         known = {r.case_id for r in refs.values()}
         violations += [Violation(c, "no such case") for c in sorted(wanted - known)]
-    packages = store.all_package_ids()
-    for pkg in refs:
-        if pkg not in packages:
-            violations.append(Violation(refs[pkg].case_id, f"ref names package {pkg} "
-                                                           "which has no generations"))
-    needed: dict[str, tuple[int, str]] = {}
+    packages = store.package_ids()
+    for pkg in sorted(set(refs) - set(packages)):
+        violations.append(Violation(refs[pkg].case_id, f"ref names package {pkg} which has "
+                                                       "no generations"))
+    needed: dict[str, _Need] = {}
+    referenced: set[str] = set()
     n_cases = n_gens = 0
     for pkg in packages:
         ref = refs.get(pkg)
         case_id = ref.case_id if ref else f"(package {pkg})"
+        rows = store.generations(pkg)
         if wanted is not None and case_id not in wanted:
+            referenced |= _references(rows)
             continue
         n_cases += 1
-        rows = store.generations(pkg)
         n_gens += len(rows)
-        violations += _check_chain(store, pkg, case_id, rows, ref, needed)
+        found, manifests = _check_chain(pkg, case_id, rows, ref, needed)
+        violations += [Violation(case_id, v) for v in found]
+        for check in checks:
+            try:
+                violations += [Violation(case_id, v) for v in check(store, manifests)]
+            except VianoError as exc:
+                violations.append(Violation(case_id, f"phase check failed: {exc.message}"))
         if progress:
             progress(1)
     violations += _check_blobs(store, needed)
-    # Every manifest was just read unless the check was limited to some cases.
-    referenced = set(needed) if wanted is None else store.referenced_hashes()
+    referenced |= set(needed)
     orphans = sum(1 for sha, _ in store.blob_files.iter_files() if sha not in referenced)
-    return VerifyReport(n_cases, n_gens, len(needed), orphans, tuple(violations))
+    temporary = sum(1 for _ in store.blob_files.iter_tmp())
+    return VerifyReport(n_cases, n_gens, len(needed), orphans, temporary, tuple(violations))
 
 
-def _check_chain(store: SqliteStore, pkg: str, case_id: str, rows: list[Any], ref: Any,
-                 needed: dict[str, tuple[int, str]]) -> list[Violation]:
-    out: list[Violation] = []
-
-    def bad(what: str) -> None:
-        out.append(Violation(case_id, what))
-
-    if ref is None:
-        bad(f"package {pkg} has generations but no ref")
-    for expected_gen, row in enumerate(rows, start=1):
-        g = row.generation
-        if g != expected_gen:
-            bad(f"generation {expected_gen} is missing (found {g})")
-        if row.parent != (g - 1 if g > 1 else None):
-            bad(f"generation {g} has parent {row.parent}")
-        raw = bytes(row.manifest)
-        if hashlib.sha256(raw).hexdigest() != row.manifest_sha256:
-            bad(f"generation {g}: manifest bytes do not match their sha256")
+def _references(rows: Sequence[GenerationRow]) -> set[str]:
+    out: set[str] = set()
+    for row in rows:
         try:
-            m = json.loads(raw)
-        except ValueError:
-            bad(f"generation {g}: manifest is not JSON")
+            out.update(e.sha256 for e in Manifest.parse(row.manifest).files.values())
+        except ChangeRejected:
             continue
-        expect = {"format": PACKAGE_FORMAT, "package_id": pkg, "package_generation": g,
-                  "parent_generation": row.parent, "phase": row.phase,
-                  "created_at": row.created_at}
-        if ref is not None:
-            expect["case_id"] = ref.case_id
-        for key, value in expect.items():
-            if m.get(key) != value:
-                bad(f"generation {g}: manifest {key} is {m.get(key)!r}, expected {value!r}")
-        files = m.get("files", {})
-        for name, target in m.get("pointers", {}).items():
-            if target not in files:
-                bad(f"generation {g}: pointer {name!r} names missing file {target!r}")
-        for path, entry in files.items():
-            prev = needed.setdefault(entry["sha256"], (entry["size"], f"{path} (gen {g})"))
-            if prev[0] != entry["size"]:
-                bad(f"generation {g}: {path} size {entry['size']} disagrees with {prev[1]}")
-    if ref is not None and rows:
-        last = json.loads(bytes(rows[-1].manifest))
-        if ref.generation != rows[-1].generation:
-            bad(f"ref points at generation {ref.generation}, last is {rows[-1].generation}")
-        if ref.phase != last.get("phase") or ref.analysis_revision != last.get(
-                "analysis_revision"):
-            bad("ref phase/revision disagree with the last manifest")
     return out
 
 
-def _check_blobs(store: SqliteStore, needed: dict[str, tuple[int, str]]) -> list[Violation]:
-    out: list[Violation] = []
-    for sha, (size, where) in sorted(needed.items()):
-        row = store.blob_row(sha)
-        if row is None:
-            out.append(Violation("*", f"blob {sha} for {where} is missing"))
+def _check_chain(pkg: str, case_id: str, rows: Sequence[GenerationRow], ref: CaseRef | None,
+                 needed: dict[str, _Need]) -> tuple[list[str], list[Manifest]]:
+    out: list[str] = []
+    manifests: list[Manifest] = []
+    if ref is None:
+        out.append(f"package {pkg} has generations but no ref")
+    previous: Manifest | None = None
+    for expected_gen, row in enumerate(rows, start=1):
+        g = row.generation
+        if g != expected_gen:
+            out.append(f"generation {expected_gen} is missing (found {g})")
+        try:
+            m = Manifest.parse(row.manifest, row.manifest_sha256)
+        except ChangeRejected as exc:
+            out.append(f"generation {g}: {exc.message}")
+            previous = None
             continue
-        h = hashlib.sha256()
-        actual = 0
-        if row[1] is not None:
-            h.update(row[1])
-            actual = len(row[1])
-        else:
-            path = store.blob_files.path_for(sha)
-            if not path.is_file():
-                out.append(Violation("*", f"blob file {sha} for {where} is missing"))
+        manifests.append(m)
+        row_fields = {"package_id": pkg, "package_generation": g, "parent_generation":
+                      row.parent, "phase": row.phase, "created_at": row.created_at}
+        for key, value in row_fields.items():
+            if getattr(m, key) != value:
+                out.append(f"generation {g}: manifest {key} is {getattr(m, key)!r}, the "
+                           f"index says {value!r}")
+        if ref is not None and m.case_id != ref.case_id:
+            out.append(f"generation {g}: manifest case_id is {m.case_id!r}")
+        if previous is not None or g == 1:
+            out += [f"generation {g}: {v}" for v in successor_violations(previous, m)]
+        for path, entry in m.files.items():
+            need = needed.setdefault(entry.sha256, _Need(entry.size, f"{path} (gen {g})"))
+            need.cases.add(case_id)
+            if need.size != entry.size:
+                out.append(f"generation {g}: {path} size {entry.size} disagrees with "
+                           f"{need.where}")
+        previous = m
+    if ref is not None and rows:
+        if ref.generation != rows[-1].generation:
+            out.append(f"ref points at generation {ref.generation}, the last is "
+                       f"{rows[-1].generation}")
+        if manifests and manifests[-1].package_generation == rows[-1].generation and (
+                ref.phase != manifests[-1].phase
+                or ref.analysis_revision != manifests[-1].analysis_revision):
+            out.append("ref phase/revision disagree with the last manifest")
+    return out, manifests
+
+
+def _check_blobs(store: Store, needed: dict[str, _Need]) -> list[Violation]:
+    out: list[Violation] = []
+
+    def bad(need: _Need, what: str) -> None:
+        out.extend(Violation(c, f"{what} ({need.where})") for c in sorted(need.cases))
+
+    for sha, need in sorted(needed.items()):
+        try:
+            info = store.blob_info(sha)
+            if info is None:
+                bad(need, f"blob {sha} is missing")
                 continue
-            with path.open("rb") as f:
+            h = hashlib.sha256()
+            actual = 0
+            with store.open_blob(sha) as f:
                 while chunk := f.read(CHUNK):
                     h.update(chunk)
                     actual += len(chunk)
-        if h.hexdigest() != sha or actual != size or row[0] != size:
-            out.append(Violation("*", f"blob {sha} for {where} is corrupt "
-                                      f"(recomputed {h.hexdigest()[:12]}…, {actual} bytes)"))
+        except StorageError as exc:
+            bad(need, f"blob {sha}: {exc.message}")
+            continue
+        if h.hexdigest() != sha or actual != need.size or info.size != need.size:
+            bad(need, f"blob {sha} is corrupt (recomputed {h.hexdigest()[:12]}…, {actual} "
+                      "bytes)")
     return out

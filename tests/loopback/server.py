@@ -7,8 +7,14 @@ ok, close (accept, read, close without answering), hang, drip (a byte at a time)
 caller's key in the body, as some providers do), 403, 404, 400, malformed (200 + broken
 JSON), truncated (Content-Length larger than what is sent), oversized (a 3 MiB body), empty
 (empty content), fenced (```json fence), prose (text around the JSON), extra_keys (an
-unknown key in the answer), list (a top-level JSON list). A refused connection is a port
-nobody listens on: :func:`dead_port`.
+unknown key in the answer), list (a top-level JSON list), and the echoes providers have been
+seen to make of a caller's secret: redirect (302 to the request's own path and query),
+echo_path (404 echoing the path), header_echo (401 repeating the key in a response header),
+401_json (the key JSON-escaped), 401_u (every character as a JSON unicode escape), 401_url
+(percent-encoded), 401_html (character references), 401_straddle (the key across the
+64 KiB audit cut), oversized_echo (the key across the output-limit cut); deep (nesting past the JSON
+reader's depth) and duplicate_keys; held (answered once ``release`` is set). A refused
+connection is a port nobody listens on: :func:`dead_port`.
 """
 
 from __future__ import annotations
@@ -26,7 +32,12 @@ import trio
 DEFAULT_ANSWER: dict[str, Any] = {"summary": "ok", "items": ["a", "b"]}
 MODES = ("ok", "close", "hang", "drip", "500", "502", "503", "429", "429-long", "429-ms", "401",
          "403", "404", "400", "malformed", "truncated", "oversized", "empty", "fenced", "prose",
-         "extra_keys", "list")
+         "extra_keys", "list", "redirect", "echo_path", "header_echo", "401_json", "401_u",
+         "401_url", "401_html", "401_straddle", "oversized_echo", "deep", "duplicate_keys",
+         "held")
+ECHO_MODES = ("401", "redirect", "echo_path", "header_echo", "401_json", "401_u", "401_url",
+              "401_html", "401_straddle", "oversized_echo")
+AUDIT_CUT = 64 * 1024
 
 
 @attrs.define
@@ -48,6 +59,9 @@ class LoopbackServer:
         self.script: deque[str] = deque()
         self.requests: list[Received] = []
         self.record_requests = True
+        self.output_cut = 1024 * 1024  # where the gateway under test abandons a body
+        self.release = trio.Event()     # lets "held" requests answer
+        self.held = 0
         self.port = 0
 
     @property
@@ -103,6 +117,9 @@ class LoopbackServer:
         """Answer one request; False closes the connection."""
         if self.delay_s:
             await trio.sleep(self.delay_s)
+        if mode == "held":  # answered as "ok" once the test sets release
+            self.held += 1
+            await self.release.wait()
         anthropic = path.split("?", 1)[0].endswith("/messages")
         if mode == "close":
             return False
@@ -117,11 +134,10 @@ class LoopbackServer:
                      "429-ms": [("retry-after-ms", "20")]}[mode]
             await _send(conn, stream, 429, {"error": {"message": "rate limited"}}, extra)
             return True
-        if mode == "401":
-            key = headers.get("authorization", "") or headers.get("x-api-key", "")
-            await _send(conn, stream, 401, {"error": {"message": f"Incorrect API key "
-                                                                  f"provided: {key}"}})
-            return True
+        key = _caller_secret(headers, path)
+        if mode in ECHO_MODES:
+            await self._echo(conn, stream, mode, key, path)
+            return mode != "oversized_echo"
         if mode == "malformed":
             await _send_raw(conn, stream, 200, b'{"choices": [ {"message": ')
             return True
@@ -143,6 +159,40 @@ class LoopbackServer:
         await _send_raw(conn, stream, 200, body)
         return True
 
+    async def _echo(self, conn: h11.Connection, stream: trio.SocketStream, mode: str,
+                    key: str, path: str) -> None:
+        from urllib.parse import quote
+
+        if mode == "401":
+            await _send(conn, stream, 401, {"error": {"message": f"Incorrect API key "
+                                                                  f"provided: {key}"}})
+        elif mode == "redirect":
+            await _send_raw(conn, stream, 302, b"", [("location", path)])
+        elif mode == "echo_path":
+            await _send(conn, stream, 404, {"error": f"no route for {path}"})
+        elif mode == "header_echo":
+            await _send(conn, stream, 401, {"error": "bad key"}, [("x-echo-key", key)])
+        elif mode == "401_json":
+            await _send_raw(conn, stream, 401, ('{"error": "bad key ' + key.replace("/", "\\/")
+                                                + '"}').encode())
+        elif mode == "401_u":
+            escaped = "".join(f"\\u{ord(c):04X}" for c in key)
+            await _send_raw(conn, stream, 401, ('{"error": "bad key ' + escaped + '"}').encode())
+        elif mode == "401_url":
+            await _send(conn, stream, 401, {"error": f"see /help?key={quote(key, safe='')}"})
+        elif mode == "401_html":
+            await _send_raw(conn, stream, 401, ("<p>bad key " + "".join(
+                f"&#{ord(c)};" for c in key) + "</p>").encode())
+        elif mode == "401_straddle":
+            pad = "x" * (AUDIT_CUT - len(key) // 2 - len('{"e": "'))
+            await _send_raw(conn, stream, 401, ('{"e": "' + pad + key + '"}').encode())
+        else:  # oversized_echo: the key across the gateway's output cut
+            cut = self.output_cut - len(key) // 2
+            body = (b"x" * cut) + key.encode() + b"y" * 4096
+            head = conn.send(h11.Response(status_code=500, headers=[
+                ("content-type", "text/plain"), ("content-length", str(len(body)))]))
+            await stream.send_all((head or b"") + (conn.send(h11.Data(data=body)) or b""))
+
     def _content(self, mode: str) -> str:
         answer = self.answer
         if mode == "empty":
@@ -155,6 +205,11 @@ class LoopbackServer:
             return json.dumps({**answer, "confidence": 0.9})
         if mode == "list":
             return json.dumps([answer])
+        if mode == "deep":
+            return '{"summary": ' + "[" * 100_000 + "]" * 100_000 + "}"
+        if mode == "duplicate_keys":
+            return json.dumps(answer)[:-1] + ', "summary": "other"}'
+
         if mode == "oversized":
             return json.dumps({**answer, "padding": "x" * (3 * 1024 * 1024)})
         return json.dumps(answer)
@@ -209,6 +264,22 @@ async def _send_raw(conn: h11.Connection, stream: trio.SocketStream, status: int
     data += conn.send(h11.Data(data=body)) or b""
     data += conn.send(h11.EndOfMessage()) or b""
     await stream.send_all(data)
+
+
+def _caller_secret(headers: dict[str, str], path: str) -> str:
+    """What an echoing provider would repeat: the key from the auth header (Bearer, Basic
+    or x-api-key), else a key-like query parameter's value."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    auth = headers.get("authorization", "") or headers.get("x-api-key", "")
+    if auth.startswith(("Bearer ", "Basic ")):
+        return auth.split(" ", 1)[1]
+    if auth:
+        return auth
+    for name, value in parse_qsl(urlsplit(path).query):
+        if "key" in name or "token" in name:
+            return value
+    return ""
 
 
 def dead_port() -> int:

@@ -7,32 +7,32 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from engine import Config, VianoError
+from engine import EXIT_INTERRUPTED, Config, VianoError
 
 from ._commands import COMMANDS
 from ._output import Output
 from ._parser import build_parser
 
-EXIT_USAGE = 2
-
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Decided before parsing, so that a usage error under --json is a JSON document too.
+    out = Output(as_json="--json" in argv)
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help (0) or a usage error (2), already printed
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    out = Output(as_json=args.json)
-    try:
+        args = build_parser().parse_args(argv)
+        out.as_json = bool(args.json)
         config = Config.resolve(args.config)
         return COMMANDS[args.command](args, out, config)
+    except SystemExit as exc:  # --help printed its text
+        return exc.code if isinstance(exc.code, int) else 0
     except VianoError as exc:
         out.error(exc)
         return exc.exit_code
     except KeyboardInterrupt:
-        out.err.print("interrupted: only committed generations were kept", markup=False)
-        return 130
+        out.note("interrupted: only committed generations were kept")
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
+        _quiet_stdout()
         return 0
     except Exception as exc:  # the last line of defence still prints a reason
         if os.environ.get("VIANO_DEBUG"):
@@ -42,5 +42,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return error.exit_code
 
 
+def _quiet_stdout() -> None:
+    """The reader went away (``viano … | head -1``). What had to be durable already is;
+    point stdout at /dev/null so the interpreter's final flush does not fail either."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
 def run() -> None:
-    sys.exit(main())
+    code = main()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_stdout()
+    sys.exit(code)

@@ -1,9 +1,15 @@
 """Everything the CLI prints: one JSON document with ``--json``, tables otherwise, errors
-with their reason and hint on stderr, and progress bars on a terminal."""
+with their reason and hint on stderr, and progress bars on a terminal.
+
+Text that came from outside (titles, names, paths, messages) is passed through
+``terminal_safe`` before it reaches a terminal, and table cells are plain text, never
+Rich markup; the JSON document escapes C1 controls and bidi overrides as ``\\u`` escapes.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -12,38 +18,61 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
-from engine import VianoError
+from engine import VianoError, terminal_safe
+
+_JSON_UNSAFE = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def json_text(value: Any) -> str:
+    text = json.dumps(value, indent=2, ensure_ascii=False)
+    return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """Rich exits 1 when the reader goes away; the command's own outcome decides
+        instead (``main`` treats a broken pipe as done: what had to be durable is)."""
+        raise BrokenPipeError
 
 
 class Output:
     def __init__(self, as_json: bool):
         self.as_json = as_json
-        self.out = Console(soft_wrap=True, highlight=False)
-        self.err = Console(stderr=True, soft_wrap=True, highlight=False)
+        self.out = _Console(soft_wrap=True, highlight=False, markup=False, emoji=False)
+        self.err = _Console(stderr=True, soft_wrap=True, highlight=False, markup=False,
+                            emoji=False)
+        self.documents = 0
 
     def document(self, value: Any) -> None:
         """The single JSON document of a ``--json`` run."""
-        sys.stdout.write(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+        self.documents += 1
+        sys.stdout.write(json_text(value) + "\n")
         sys.stdout.flush()
 
     def table(self, title: str | None, columns: Sequence[str],
               rows: Sequence[Sequence[Any]]) -> None:
-        table = Table(title=title, show_lines=False, header_style="bold")
+        table = Table(title=None if title is None else Text(terminal_safe(title)),
+                      show_lines=False, header_style="bold")
         for col in columns:
             table.add_column(col, overflow="fold")
         for row in rows:
-            table.add_row(*("" if v is None else str(v) for v in row))
+            table.add_row(*(Text("" if v is None else terminal_safe(str(v))) for v in row))
         self.out.print(table)
 
     def line(self, text: str) -> None:
-        self.out.print(text, markup=False)
+        self.out.print(Text(terminal_safe(text, multiline=True)))
+
+    def note(self, text: str) -> None:
+        """A human line on stderr (never disturbs a JSON document on stdout)."""
+        self.err.print(Text(terminal_safe(text, multiline=True)))
 
     def error(self, exc: VianoError) -> None:
-        if self.as_json:
+        if self.as_json and not self.documents:
             self.document({"error": exc.to_json()})
-        self.err.print(f"error[{exc.reason}]: {exc.message}", markup=False, style="red")
-        self.err.print(f"  what to do: {exc.hint}", markup=False)
+        self.err.print(Text(f"error[{exc.reason}]: {terminal_safe(exc.message)}", style="red"))
+        self.err.print(Text(f"  what to do: {terminal_safe(exc.hint)}"))
 
     @contextmanager
     def progress(self, description: str, total: int | None,

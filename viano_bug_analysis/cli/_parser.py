@@ -5,25 +5,37 @@ wins and one given before it is not overwritten."""
 from __future__ import annotations
 
 import argparse
+from typing import NoReturn
 
-from engine import ROLES
+from engine import ROLES, UsageError
 
 DESCRIPTION = ("Viano analyses bug cases: intake stores the originals and a canonical source "
                "catalogue in a durable, versioned case package.")
 
 EXIT_CODES = ("exit codes: 0 success, 2 usage error or rejected input (nothing written), "
-              "11 DEFERRED (case locked), 1 violations found (verify) or internal failure")
+              "10 RETRY_PENDING, 11 DEFERRED, 12 BLOCKED, 13 ERROR, 1 violations found "
+              "(verify) or internal failure")
 
 
-def _globals(with_defaults: bool) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False)
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are Viano errors (so ``--json`` gets its one
+    JSON document for them too), never a bare ``SystemExit`` with text on stderr."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}",
+                         hint=f"Run '{self.prog} --help' to see its arguments.")
+
+
+def _globals(with_defaults: bool) -> Parser:
+    p = Parser(add_help=False)
     g = p.add_argument_group("global options")
 
     def default(value: object) -> object:
         return value if with_defaults else argparse.SUPPRESS
 
     g.add_argument("--store", metavar="PATH", default=default(None),
-                   help="the case store (env VIANO_STORE; default ./viano-store)")
+                   help="the case store (env VIANO_STORE, else [store] url in the config; "
+                        "default ./viano-store)")
     g.add_argument("--config", metavar="PATH", default=default(None),
                    help="configuration file (env VIANO_CONFIG; default "
                         "config/analysis.local.toml if it exists, else built-in defaults)")
@@ -33,9 +45,10 @@ def _globals(with_defaults: bool) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="viano", description=DESCRIPTION, epilog=EXIT_CODES,
-                                     parents=[_globals(True)])
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser = Parser(prog="viano", description=DESCRIPTION, epilog=EXIT_CODES,
+                    parents=[_globals(True)])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                parser_class=Parser)
     common = [_globals(False)]
 
     def add(name: str, help_: str) -> argparse.ArgumentParser:
@@ -73,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("export", "write a portable package with its whole history to a zip file")
     p.add_argument("case", metavar="CASE")
     p.add_argument("file", metavar="FILE.zip")
+    p.add_argument("--force", action="store_true",
+                   help="replace FILE if it exists (a path inside the store is always "
+                        "refused)")
 
     p = add("import", "import a package exported by 'viano export'")
     p.add_argument("file", metavar="FILE.zip")

@@ -1,0 +1,90 @@
+"""Reading JSON that Viano did not write: reports, export indexes and manifests, model answers.
+
+``json.loads`` alone accepts things a user never meant and crashes on others:
+
+- duplicate keys are resolved silently (the last one wins), so ``{"body": "a", "body": "b"}``
+  would drop human evidence;
+- ``NaN``/``Infinity`` are accepted although they are not JSON;
+- ``"\\ud800"`` decodes to a lone surrogate, which later fails to encode as UTF-8;
+- deep nesting raises ``RecursionError`` (an internal error) or, just under the limit,
+  builds values that later recursive code cannot walk.
+
+:func:`loads_untrusted` refuses each of those with an :class:`UntrustedJson` carrying a
+stable ``detail`` code, so every caller turns it into its own refusal (``invalid_report``,
+``invalid_export``, an invalid model answer) instead of an internal error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+MAX_DEPTH = 64
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+class UntrustedJson(ValueError):
+    """The text is not acceptable JSON; ``detail`` is a stable snake_case code."""
+
+    def __init__(self, detail: str, message: str):
+        super().__init__(message)
+        self.detail = detail
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise UntrustedJson("duplicate_key", f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _constant(name: str) -> Any:
+    raise UntrustedJson("invalid_constant", f"{name} is not a JSON value")
+
+
+def loads_untrusted(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
+    """Parse one JSON document strictly (see the module docstring)."""
+    if isinstance(data, bytes):
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise UntrustedJson("not_utf8", f"not UTF-8 (byte {exc.start})") from exc
+    else:
+        text = data
+    try:
+        value = json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant)
+    except UntrustedJson:
+        raise
+    except RecursionError as exc:
+        raise UntrustedJson("too_deep", f"nested deeper than {max_depth} levels") from exc
+    except json.JSONDecodeError as exc:
+        raise UntrustedJson("not_json", f"not valid JSON ({exc.msg} at line {exc.lineno} "
+                                        f"column {exc.colno})") from exc
+    check_tree(value, max_depth=max_depth)
+    return value
+
+
+def check_tree(value: Any, *, max_depth: int = MAX_DEPTH) -> None:
+    """Refuse nesting deeper than ``max_depth`` and strings holding lone surrogates.
+
+    Iterative, so that a value built elsewhere cannot overflow the stack here either."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                raise UntrustedJson("lone_surrogate", "a string holds a lone UTF-16 "
+                                                      "surrogate, which is not text")
+            continue
+        if isinstance(item, dict | list):
+            if depth > max_depth:
+                raise UntrustedJson("too_deep", f"nested deeper than {max_depth} levels")
+            if isinstance(item, dict):
+                for key, child in item.items():
+                    stack.append((key, depth))
+                    stack.append((child, depth + 1))
+            else:
+                stack.extend((child, depth + 1) for child in item)

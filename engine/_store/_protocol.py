@@ -1,0 +1,90 @@
+"""The store as an interface: what the publisher, the phases, verify, gc, export/import and
+the CLI may rely on, whatever the backend (SQLite + files today; PostgreSQL + a shared blob
+root is the planned multi-host one).
+
+Everything here is blocking; the actors call it on worker threads. A backend keeps its own
+upkeep (SQLite's WAL checkpoints, a pool's connections) to itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+import attrs
+
+from ._manifest import Manifest
+from ._plan import GenerationRow
+from ._requests import CaseStatus, Outcome, Request
+
+
+@attrs.frozen
+class CaseRef:
+    """One case in the store's index: its head generation and durable status."""
+
+    case_id: str
+    package_id: str
+    generation: int
+    phase: str
+    analysis_revision: int
+    updated_at: str
+    status: CaseStatus | None = None
+
+
+@attrs.frozen
+class BlobInfo:
+    size: int
+    inline: bool
+
+
+@attrs.frozen
+class StoreStats:
+    transactions: int
+    requests: int
+    bytes_committed: int
+
+
+class BlobStorage(Protocol):
+    """Where large blobs live (a folder today; an object store could be another)."""
+
+    def exists(self, sha256: str, size: int) -> bool: ...
+    def iter_files(self) -> Iterator[tuple[str, Path]]: ...
+    def iter_tmp(self) -> Iterator[Path]: ...
+    def has_any(self) -> bool: ...
+
+
+class Exclusive(Protocol):
+    """The store held against every commit (gc's view)."""
+
+    def referenced_hashes(self) -> set[str]: ...
+
+
+class Store(Protocol):
+    @property
+    def location(self) -> str: ...
+    @property
+    def writable(self) -> bool: ...
+    @property
+    def blob_files(self) -> BlobStorage: ...
+
+    # -- writing (the publisher's worker thread; read-only stores refuse) -------------
+    def commit_batch(self, requests: Sequence[Request]) -> list[Outcome]: ...
+    def lease(self, case_id: str) -> AbstractContextManager[None]: ...
+    def exclusive(self) -> AbstractContextManager[Exclusive]: ...
+
+    # -- reading ---------------------------------------------------------------------
+    def list_cases(self) -> list[CaseRef]: ...
+    def case(self, case_id: str) -> CaseRef: ...
+    def package_ids(self) -> list[str]: ...
+    def generations(self, package_id: str) -> list[GenerationRow]: ...
+    def manifest(self, package_id: str, generation: int) -> Manifest: ...
+    def blob_info(self, sha256: str) -> BlobInfo | None: ...
+    def read_blob(self, sha256: str) -> bytes: ...
+    def open_blob(self, sha256: str) -> BinaryIO: ...
+    def due_cases(self, now: float, limit: int) -> list[CaseRef]: ...
+    def status_counts(self) -> dict[tuple[str, str], int]: ...
+    def index_problems(self) -> list[str]: ...
+    def stats(self) -> StoreStats: ...
+    def close(self) -> None: ...

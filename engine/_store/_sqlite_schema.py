@@ -1,0 +1,79 @@
+"""The SQLite store's schema, its versions and the migrations between them.
+
+The version lives in ``meta.format`` (``viano-store/N``). A store of an older version is
+migrated the first time it is opened for writing, in one transaction (SQLite's DDL is
+transactional, so a crash leaves the old version intact); opened read-only, an older store
+is read as it is. A newer version than this code knows is refused (``store_format``).
+
+Version history:
+
+1. ``meta``, ``blobs`` (raw 32-byte sha256 keys; inline data or NULL for a file),
+   ``generations`` (exact manifest bytes and their hash) and ``refs`` (the head of each
+   package; also the case index).
+2. The durable case status in ``refs`` (status, its phase, reason, round, max_rounds,
+   due_at as POSIX seconds, attempt_id, calls_started), indexed by (status, due_at) for
+   the work queue; ``meta.store_id``, which the ``store-id`` file beside the blobs repeats.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+FORMAT_PREFIX = "viano-store/"
+CURRENT_VERSION = 2
+
+_V1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE blobs (sha256 BLOB PRIMARY KEY, size INTEGER NOT NULL, data BLOB);
+CREATE TABLE generations (
+    package_id TEXT NOT NULL, generation INTEGER NOT NULL, parent INTEGER,
+    manifest_sha256 TEXT NOT NULL, manifest BLOB NOT NULL,
+    phase TEXT NOT NULL, created_at TEXT NOT NULL,
+    PRIMARY KEY (package_id, generation));
+CREATE TABLE refs (
+    package_id TEXT PRIMARY KEY, case_id TEXT NOT NULL UNIQUE, generation INTEGER NOT NULL,
+    phase TEXT NOT NULL, analysis_revision INTEGER NOT NULL, updated_at TEXT NOT NULL)
+"""
+
+_V2_COLUMNS = (
+    ("status", "TEXT"), ("status_phase", "TEXT"), ("reason", "TEXT"), ("round", "INTEGER"),
+    ("max_rounds", "INTEGER"), ("due_at", "REAL"), ("attempt_id", "TEXT"),
+    ("calls_started", "INTEGER NOT NULL DEFAULT 0"),
+)
+
+
+def _to_v2(conn: sqlite3.Connection, store_id: str) -> None:
+    for name, kind in _V2_COLUMNS:
+        conn.execute(f"ALTER TABLE refs ADD COLUMN {name} {kind}")
+    # Every case of a version-1 store is at intake: it has work to do.
+    conn.execute("UPDATE refs SET status='READY', status_phase=phase")
+    conn.execute("CREATE INDEX refs_due ON refs (status, due_at)")
+    conn.execute("INSERT OR REPLACE INTO meta VALUES ('store_id', ?)", (store_id,))
+
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection, str], None]] = {1: _to_v2}
+
+
+def create_current(conn: sqlite3.Connection, store_id: str) -> None:
+    """Build a new store: version 1, then every migration, so that a new store and a
+    migrated one have exactly the same schema."""
+    for stmt in _V1.strip().split(";"):
+        conn.execute(stmt)
+    conn.execute("INSERT INTO meta VALUES ('format', ?)", (f"{FORMAT_PREFIX}1",))
+    migrate(conn, 1, store_id)
+
+
+def migrate(conn: sqlite3.Connection, version: int, store_id: str) -> None:
+    """Bring a store from ``version`` to the current one (inside the caller's transaction)."""
+    while version < CURRENT_VERSION:
+        MIGRATIONS[version](conn, store_id)
+        version += 1
+        conn.execute("UPDATE meta SET value=? WHERE key='format'", (f"{FORMAT_PREFIX}{version}",))
+
+
+def parse_version(value: str) -> int | None:
+    if not value.startswith(FORMAT_PREFIX):
+        return None
+    tail = value[len(FORMAT_PREFIX):]
+    return int(tail) if tail.isdigit() else None

@@ -1,0 +1,230 @@
+"""An export is untrusted input. A crafted one — with every hash recomputed so that only
+the rule it breaks gives it away — is refused with invalid_export and nothing is written;
+the same rules hold for what `verify` reads from the store, and `log` shows a removal."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.conftest import Cli, snapshot
+from tests.store_helpers import sql
+
+Doc = dict[str, Any]
+
+
+def _encode(m: Doc) -> bytes:
+    return orjson.dumps(m, option=orjson.OPT_SORT_KEYS)
+
+
+def _export(cli: Cli, sample: Path, tmp: Path) -> Path:
+    a = tmp / "a"
+    assert cli("intake", "--store", a, "--report", sample / "report.json", "--attach",
+               f"diagnostics={sample / 'wowdiag.zip'}").code == 0
+    out = tmp / "good.zip"
+    assert cli("export", "--store", a, "BUG-20", out).code == 0
+    return out
+
+
+def _craft(good: Path, dest: Path, *, manifests: Callable[[list[Doc]], list[bytes]] | None = None,
+           index: Callable[[Doc], bytes] | None = None) -> Path:
+    """Rewrite an export: new manifest bytes and/or index, with the index's hashes made to
+    match whatever manifests are written."""
+    with zipfile.ZipFile(good) as zin:
+        members = {n: zin.read(n) for n in zin.namelist()}
+    docs = [json.loads(members[f"manifests/{i:06d}.json"]) for i in
+            range(1, 1 + sum(n.startswith("manifests/") for n in members))]
+    raws = manifests(docs) if manifests else [_encode(d) for d in docs]
+    for n in [n for n in members if n.startswith("manifests/")]:
+        del members[n]
+    for i, raw in enumerate(raws, start=1):
+        members[f"manifests/{i:06d}.json"] = raw
+    idx = json.loads(members["viano-export.json"])
+    idx["generations"] = [{"generation": i, "manifest_sha256": hashlib.sha256(r).hexdigest()}
+                          for i, r in enumerate(raws, start=1)]
+    members["viano-export.json"] = index(idx) if index else json.dumps(idx).encode()
+    with zipfile.ZipFile(dest, "w") as zout:
+        for name, data in members.items():
+            zout.writestr(name, data)
+    return dest
+
+
+def _next(docs: list[Doc], **changes: Any) -> list[bytes]:
+    """The good history plus one more generation with ``changes`` applied."""
+    last = dict(docs[-1])
+    new = {**last, "package_generation": last["package_generation"] + 1,
+           "parent_generation": last["package_generation"],
+           "created_at": "2026-12-01T00:00:00.000000Z", **changes}
+    return [_encode(d) for d in docs] + [_encode(new)]
+
+
+def _files_without(docs: list[Doc], prefix: str) -> dict[str, Any]:
+    return {p: e for p, e in docs[-1]["files"].items() if not p.startswith(prefix)}
+
+
+MANIFEST_ATTACKS: dict[str, Callable[[list[Doc]], list[bytes]]] = {
+    "removes the originals": lambda d: _next(d, files=_files_without(d, "inputs/"),
+                                             pointers={"catalogue": "case/catalogue.json",
+                                                       "intake": "case/intake.json"}),
+    "removes a pointer": lambda d: _next(d, pointers={"catalogue": "case/catalogue.json"}),
+    "replaces a write-once original": lambda d: _next(d, files={
+        **d[-1]["files"], "inputs/report.json": d[-1]["files"]["case/intake.json"]}),
+    "terminal escape in the phase": lambda d: _next(d, phase="INTAKE\x1b[2J"),
+    "negative revision": lambda d: _next(d, analysis_revision=-1),
+    "revision goes back": lambda d: [_encode(dict(d[0], analysis_revision=2)),
+                                     *_next(d, analysis_revision=1)[1:]],
+    "bad pointer name": lambda d: _next(d, pointers={**d[-1]["pointers"], "Bad Name!":
+                                                     "case/catalogue.json"}),
+    "pointer to a missing file": lambda d: _next(d, pointers={**d[-1]["pointers"],
+                                                              "ghost": "case/ghost.json"}),
+    "non-string package id": lambda d: [_encode(dict(x, package_id=12345)) for x in d],
+    "boolean generation": lambda d: [_encode(dict(d[0], package_generation=True))],
+    "string size": lambda d: [_encode(dict(d[0], files={
+        p: {**e, "size": str(e["size"])} for p, e in d[0]["files"].items()}))],
+    "extra manifest key": lambda d: [_encode(dict(d[0], status="COMPLETED"))],
+    "traversal in a path": lambda d: _next(d, files={**d[-1]["files"], "../evil": d[-1][
+        "files"]["case/intake.json"]}),
+    "not canonical (pretty-printed)": lambda d: [json.dumps(d[0], indent=2).encode()],
+    "duplicate keys": lambda d: [_encode(d[0])[:-1] + b',"phase":"INTAKE"}'],
+    "case id changes": lambda d: _next(d, case_id="OTHER-1"),
+}
+
+INDEX_ATTACKS: dict[str, Callable[[Doc], bytes]] = {
+    "index is a list": lambda i: json.dumps([i]).encode(),
+    "generations is not a list": lambda i: json.dumps(dict(i, generations={"1": 1})).encode(),
+    "generation is a string": lambda i: json.dumps(dict(i, generations=[
+        dict(g, generation=str(g["generation"])) for g in i["generations"]])).encode(),
+    "package id is a number": lambda i: json.dumps(dict(i, package_id=7)).encode(),
+    "missing case id": lambda i: json.dumps({k: v for k, v in i.items()
+                                             if k != "case_id"}).encode(),
+    "extra key": lambda i: json.dumps(dict(i, extra=1)).encode(),
+    "deep nesting": lambda i: json.dumps(dict(i, generations=i["generations"])).encode()[:-1]
+    + b', "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    "duplicate keys": lambda i: json.dumps(i).encode()[:-1] + b', "case_id": "OTHER"}',
+    "not JSON": lambda i: b"\xff\xfe not json",
+    "NaN": lambda i: json.dumps(i).encode()[:-1] + b', "x": NaN}',
+}
+
+
+class TestCraftedExports:
+    @pytest.mark.parametrize("attack", sorted(MANIFEST_ATTACKS))
+    def test_manifest_attacks_are_refused(self, cli: Cli, sample: Path, tmp_path: Path,
+                                          attack: str) -> None:
+        good = _export(cli, sample, tmp_path)
+        bad = _craft(good, tmp_path / "bad.zip", manifests=MANIFEST_ATTACKS[attack])
+        target = tmp_path / "target"
+        r = cli("import", "--json", "--store", target, bad)
+        assert r.code == 2, (attack, r.out)
+        assert r.json["error"]["reason"] == "invalid_export", (attack, r.json)  # type: ignore[index]
+        assert not target.exists()
+
+    @pytest.mark.parametrize("attack", sorted(INDEX_ATTACKS))
+    def test_index_attacks_are_refused(self, cli: Cli, sample: Path, tmp_path: Path,
+                                       attack: str) -> None:
+        good = _export(cli, sample, tmp_path)
+        bad = _craft(good, tmp_path / "bad.zip", index=INDEX_ATTACKS[attack])
+        target = tmp_path / "target"
+        r = cli("import", "--json", "--store", target, bad)
+        assert r.code == 2, (attack, r.out)
+        assert r.json["error"]["reason"] == "invalid_export", (attack, r.json)  # type: ignore[index]
+        assert not target.exists()
+
+    def test_an_attack_on_an_existing_package_writes_nothing(self, cli: Cli, sample: Path,
+                                                             tmp_path: Path) -> None:
+        """A crafted fast-forward of a package the store already has is refused and the
+        store is unchanged."""
+        good = _export(cli, sample, tmp_path)
+        target = tmp_path / "target"
+        assert cli("import", "--store", target, good).code == 0
+        before = snapshot(target)
+        bad = _craft(good, tmp_path / "bad.zip",
+                     manifests=MANIFEST_ATTACKS["removes the originals"])
+        r = cli("import", "--json", "--store", target, bad)
+        assert r.code == 2 and r.json["error"]["reason"] == "invalid_export"  # type: ignore[index]
+        assert snapshot(target) == before
+
+    def test_the_good_export_still_imports(self, cli: Cli, sample: Path, tmp_path: Path) -> None:
+        """The crafting helper itself changes nothing when no attack is applied."""
+        good = _export(cli, sample, tmp_path)
+        same = _craft(good, tmp_path / "same.zip")
+        assert cli("import", "--store", tmp_path / "t", same).code == 0
+        assert cli("verify", "--store", tmp_path / "t").code == 0
+
+
+class TestHistories:
+    def _advance(self, cli: Cli, store: Path, n: int) -> None:
+        import trio
+
+        from actors import open_store
+        from engine import BytesSource, Change
+
+        async def go() -> None:
+            async with open_store(store) as handle:
+                for i in range(n):
+                    snap = await handle.snapshot("BUG-20")
+                    await snap.publish(Change(files={f"notes/{i}.txt": BytesSource.of(
+                        f"{store.name}:{i}".encode())}))
+
+        trio.run(go)
+
+    def test_a_shorter_history_is_refused(self, cli: Cli, sample: Path, tmp_path: Path) -> None:
+        """Importing an export older than what the store has is refused (stale_generation),
+        the longer history kept."""
+        a, b = tmp_path / "a", tmp_path / "b"
+        assert cli("intake", "--store", a, "--report", sample / "report.json").code == 0
+        assert cli("export", "--store", a, "BUG-20", tmp_path / "short.zip").code == 0
+        self._advance(cli, a, 2)
+        assert cli("export", "--store", a, "BUG-20", tmp_path / "long.zip").code == 0
+        assert cli("import", "--store", b, tmp_path / "long.zip").code == 0
+        before = snapshot(b)
+        r = cli("import", "--json", "--store", b, tmp_path / "short.zip")
+        assert r.code == 2 and r.json["error"]["reason"] == "stale_generation"  # type: ignore[index]
+        assert snapshot(b) == before
+
+    def test_a_diverged_history_is_refused(self, cli: Cli, sample: Path, tmp_path: Path) -> None:
+        """Two stores that share generation 1 of a package and then diverge: importing one
+        into the other is refused and writes nothing."""
+        a, b = tmp_path / "a", tmp_path / "b"
+        assert cli("intake", "--store", a, "--report", sample / "report.json").code == 0
+        assert cli("export", "--store", a, "BUG-20", tmp_path / "base.zip").code == 0
+        assert cli("import", "--store", b, tmp_path / "base.zip").code == 0
+        self._advance(cli, a, 1)
+        self._advance(cli, b, 1)
+        assert cli("export", "--store", a, "BUG-20", tmp_path / "a.zip").code == 0
+        before = snapshot(b)
+        r = cli("import", "--json", "--store", b, tmp_path / "a.zip")
+        assert r.code == 2 and r.json["error"]["reason"] == "stale_generation"  # type: ignore[index]
+        assert "different history" in r.json["error"]["message"]  # type: ignore[index]
+        assert snapshot(b) == before
+
+
+class TestVerifyAndLogSeeTheSameRules:
+    def test_a_removal_in_the_store_is_a_violation_and_log_lists_it(
+            self, cli: Cli, sample: Path, tmp_path: Path) -> None:
+        """A generation that drops the originals, written behind the store's back with a
+        correct hash: verify reports it and log shows the removal."""
+        store = tmp_path / "s"
+        assert cli("intake", "--store", store, "--report", sample / "report.json").code == 0
+        m = json.loads(cli("show", "--store", store, "BUG-20", "--json").out)
+        m2 = dict(m, package_generation=2, parent_generation=1,
+                  created_at="2026-12-01T00:00:00.000000Z",
+                  files=_files_without([m], "inputs/"),
+                  pointers={"catalogue": "case/catalogue.json", "intake": "case/intake.json"})
+        raw = _encode(m2)
+        sql(store, "INSERT INTO generations VALUES (?, 2, 1, ?, ?, 'INTAKE', ?)",
+            m["package_id"], hashlib.sha256(raw).hexdigest(), raw, m2["created_at"])
+        sql(store, "UPDATE refs SET generation = 2")
+        r = cli("verify", "--store", store, "--json")
+        assert r.code == 1
+        assert any("removes file(s) inputs/report.json" in v["violation"]
+                   for v in r.json["violations"])  # type: ignore[index]
+        log = cli("log", "--store", store, "BUG-20", "--json").json
+        assert log["generations"][1]["removed"] == ["inputs/report.json"]  # type: ignore[index]
+        assert "REMOVED inputs/report.json" in cli("log", "--store", store, "BUG-20").out

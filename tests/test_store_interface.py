@@ -1,0 +1,153 @@
+"""The store as an interface: snapshots bound to one generation, durable status set with the
+generation that causes it and indexed by due time, and batch planning as a pure function."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from actors import open_store
+from engine import (
+    BytesSource,
+    CaseStatus,
+    Change,
+    ChangeRejected,
+    Manifest,
+    PlanInput,
+    Published,
+    PublishRequest,
+    StaleGeneration,
+    StatusRequest,
+    build_manifest,
+    new_package_id,
+    plan_batch,
+)
+from tests.store_helpers import create, open_ro, open_rw
+
+
+class TestSnapshot:
+    async def test_reads_come_from_one_generation(self, tmp_path: Path) -> None:
+        """A snapshot reads its own generation's bytes even after the case moved on, and
+        publishing through a stale snapshot is refused (StaleGeneration), writing nothing."""
+        async with open_store(tmp_path / "s") as store:
+            await store.publish(create("S-1", b"v1"))
+            old = await store.snapshot("S-1")
+            newer = await old.publish(Change(files={"notes/n.txt": BytesSource.of(b"n1")}))
+            assert newer.generation == 2
+            assert not old.has("notes/n.txt") and newer.has("notes/n.txt")
+            assert await old.read("inputs/a.bin") == b"v1"
+            with pytest.raises(StaleGeneration):
+                await old.publish(Change(files={"notes/n.txt": BytesSource.of(b"n2")}))
+            head = await store.snapshot("S-1")
+            assert head.generation == 2 and await head.read("notes/n.txt") == b"n1"
+
+    async def test_status_is_set_atomically_with_its_generation(self, tmp_path: Path) -> None:
+        """A publication carrying a status sets both in one transaction; a status request
+        on a stale generation is refused and changes nothing."""
+        async with open_store(tmp_path / "s") as store:
+            await store.publish(create("ST-1"))
+            snap = await store.snapshot("ST-1")
+            due = 1_900_000_000.0
+            status = CaseStatus(status="RETRY_PENDING", phase="INTERPRETING_CASE",
+                                reason="providers_unavailable", round=2, max_rounds=10,
+                                due_at=due, attempt_id="default")
+            moved = await snap.publish(Change(files={"notes/r.json": BytesSource.of(b"{}")},
+                                              phase="INTERPRETING_CASE"), status)
+            ref = await store.case("ST-1")
+            assert ref.generation == moved.generation and ref.status == status
+            with pytest.raises(StaleGeneration):
+                await snap.set_status(CaseStatus(status="COMPLETED", phase="INTAKE"))
+            assert (await store.case("ST-1")).status == status
+            await moved.set_status(CaseStatus(status="BLOCKED", phase="INTERPRETING_CASE",
+                                              reason="rounds_exhausted"))
+            after = await store.case("ST-1")
+            assert after.status is not None and after.status.status == "BLOCKED"
+            assert after.generation == moved.generation  # a status alone is no generation
+
+    async def test_the_due_index_orders_work(self, tmp_path: Path) -> None:
+        """due_cases returns READY cases and RETRY_PENDING ones whose time has come,
+        earliest first; later ones and finished ones are not work."""
+        async with open_store(tmp_path / "s") as store:
+            for i, (status, due) in enumerate([("READY", None), ("RETRY_PENDING", 200.0),
+                                               ("RETRY_PENDING", 100.0),
+                                               ("RETRY_PENDING", 900.0),
+                                               ("COMPLETED", None), ("BLOCKED", None)]):
+                out = await store.publish(create(f"D-{i}"))
+                await store.snapshot_of(out).set_status(CaseStatus(
+                    status=status, phase="INTAKE", due_at=due))
+        store2 = open_ro(tmp_path / "s")
+        assert [r.case_id for r in store2.due_cases(now=500.0, limit=10)] == ["D-2", "D-1",
+                                                                                "D-0"]
+        assert store2.next_due() == 100.0
+        assert store2.status_counts()[("INTAKE", "RETRY_PENDING")] == 3
+        store2.close()
+
+    def test_statuses_are_validated(self) -> None:
+        """A status outside the contract, or a non-finite due time, is refused."""
+        with pytest.raises(ChangeRejected):
+            CaseStatus(status="DONE", phase="INTAKE")
+        with pytest.raises(ChangeRejected):
+            CaseStatus(status="RETRY_PENDING", phase="INTAKE", due_at=float("nan"))
+
+
+def _manifest(case: str, files: dict[str, bytes]) -> Manifest:
+    return build_manifest(None, new_package_id(), case, Change(
+        files={p: BytesSource.of(d) for p, d in files.items()}, phase="INTAKE"),
+        "2026-12-01T00:00:00.000000Z")
+
+
+class TestPlanIsPure:
+    """plan_batch is a function of its inputs: no store, no SQL, no file."""
+
+    def test_a_plan_from_plain_values(self) -> None:
+        parent = _manifest("P-1", {"inputs/a": b"a"})
+        req_ok = PublishRequest(parent.package_id, "P-1", 1, Change(
+            files={"notes/b": BytesSource.of(b"b")}))
+        req_stale = PublishRequest(parent.package_id, "P-1", 1, Change())
+        req_new = create("P-2", b"c")
+        req_status = StatusRequest(parent.package_id, "P-1", 2, CaseStatus(
+            status="COMPLETED", phase="INTAKE"))
+        from engine._store._plan import Head
+
+        rows = plan_batch(PlanInput(
+            requests=[req_ok, req_stale, req_new, req_status],
+            heads={parent.package_id: Head("P-1", 1, None)}, owners={"P-1": parent.package_id},
+            parents={parent.package_id: parent}, histories={}, refused=[None] * 4,
+            inline={src.sha256: src.data for r in (req_ok, req_new)
+                    for src in r.change.files.values()},  # type: ignore[attr-defined]
+            inline_threshold=1024, now="2026-12-01T00:00:01.000000Z"))
+        assert [type(o).__name__ for o in rows.outcomes] == ["Published", "StaleGeneration",
+                                                             "Published", "Published"]
+        assert [(g.package_id == parent.package_id, g.generation) for g in rows.generations] \
+            == [(True, 2), (False, 1)]
+        final = rows.refs[parent.package_id]
+        assert final.generation == 2 and final.status is not None
+        assert final.status.status == "COMPLETED"
+        assert isinstance(rows.outcomes[0], Published)
+        assert rows.outcomes[0].manifest.files["inputs/a"] == parent.files["inputs/a"]
+
+    def test_the_plan_module_does_no_io(self) -> None:
+        """The planner imports nothing that reaches a database or the file system."""
+        import engine._store._plan as plan
+
+        source = Path(plan.__file__).read_text()
+        for word in ("sqlite3", "open(", "Path(", "os."):
+            assert word not in source, word
+
+
+def test_trio_cancellation_does_not_tear_a_status(tmp_path: Path) -> None:
+    """A status publication cancelled while waiting still commits whole or not at all."""
+    async def go() -> None:
+        async with open_store(tmp_path / "s") as store:
+            out = await store.publish(create("C-1"))
+            with trio.CancelScope() as scope:
+                scope.cancel()
+                await store.snapshot_of(out).set_status(CaseStatus(status="ERROR",
+                                                                   phase="INTAKE"))
+    trio.run(go)
+    store = open_rw(tmp_path / "s")
+    status = store.case("C-1").status
+    assert status is not None and status.status in ("READY", "ERROR")
+    store.close()

@@ -1,0 +1,43 @@
+"""What every command shares: where the store is, and how it is opened."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from engine import Config, Store, open_backend
+
+DEFAULT_STORE = "viano-store"
+
+
+def store_location(args: argparse.Namespace, config: Config) -> str:
+    """``--store``, else ``VIANO_STORE``, else ``[store] url``, else ``./viano-store``."""
+    return str(args.store or os.environ.get("VIANO_STORE") or config.store.url
+               or DEFAULT_STORE)
+
+
+def store_path(args: argparse.Namespace, config: Config) -> Path:
+    return Path(store_location(args, config))
+
+
+@contextmanager
+def reading(args: argparse.Namespace, config: Config) -> Iterator[Store]:
+    """The store, read-only: no schema, file or folder of it is created or changed, and a
+    store the user cannot write is readable."""
+    store = open_backend(store_location(args, config), write=False)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+@contextmanager
+def writing(args: argparse.Namespace, config: Config) -> Iterator[Store]:
+    store = open_backend(store_location(args, config), write=True)
+    try:
+        yield store
+    finally:
+        store.close()

@@ -1,6 +1,13 @@
 """Viano's trio actors: the publisher, the gateway pool, the case actor and the
 supervisor. Imports only from ``engine``."""
 
+from ._case_actor import Clock as Clock
+from ._case_actor import PhaseServices as PhaseServices
+from ._case_actor import SystemClock as SystemClock
+from ._case_actor import TrioClock as TrioClock
+from ._case_actor import case_operation as case_operation
+from ._case_actor import dispatch_phase as dispatch_phase
+from ._case_actor import log_event as log_event
 from ._gateway_pool import GatewayHandle as GatewayHandle
 from ._gateway_pool import GatewayPool as GatewayPool
 from ._gateway_pool import ProviderStats as ProviderStats

@@ -112,9 +112,15 @@ class StoreHandle:
         """The head generation of ``case_id`` (or the given one), as one snapshot."""
         def read() -> Manifest:
             ref = self.store.case(case_id)
-            return self.store.manifest(ref.package_id, generation or ref.generation)
+            return self.store.manifest(ref.package_id,
+                                       ref.generation if generation is None else generation)
 
         return Snapshot(self, await trio.to_thread.run_sync(read))
+
+    async def head(self, case_id: str) -> tuple[CaseRef, Snapshot]:
+        """The case's index row (with its durable status) and its head, read together."""
+        ref, manifest = await trio.to_thread.run_sync(self.store.head, case_id)
+        return ref, Snapshot(self, manifest)
 
     def snapshot_of(self, published: Published) -> Snapshot:
         return Snapshot(self, published.manifest)
@@ -169,16 +175,18 @@ class Snapshot:
 
 
 @asynccontextmanager
-async def open_store(location: str | os.PathLike[str], *, group_commit: bool = True,
-                     max_batch: int = 1024, inline_threshold: int | None = None
-                     ) -> AsyncIterator[StoreHandle]:
-    """Open (creating if needed) the store at ``location`` and run its publisher.
+async def open_store(location: str | os.PathLike[str], *, create: bool = True,
+                     group_commit: bool = True, max_batch: int = 1024,
+                     inline_threshold: int | None = None) -> AsyncIterator[StoreHandle]:
+    """Open (creating if needed, unless ``create`` is false) the store at ``location`` and
+    run its publisher.
 
     On exit the mailbox is closed and the publisher drains what is already queued before
     the store closes; on cancellation a commit in progress still finishes (shielded).
     """
     kw = {} if inline_threshold is None else {"inline_threshold": inline_threshold}
-    store = await trio.to_thread.run_sync(lambda: open_backend(location, write=True, **kw))
+    store = await trio.to_thread.run_sync(lambda: open_backend(location, write=True,
+                                                               create=create, **kw))
     stats = PublisherStats()
     send, recv = mailbox()
     try:

@@ -22,7 +22,9 @@ happened, a ``hint`` saying what to do next, and the CLI exit code it maps to::
     │   ├── DestinationRejected        destination_exists, destination_in_store,
     │   │                              destination_invalid
     │   ├── CaseExists                 case_exists
-    │   └── StaleGeneration            stale_generation
+    │   ├── StaleGeneration            stale_generation
+    │   └── PhaseRefused               no_interpretation, interpretation_mismatch,
+    │                                  not_blocked, package_mismatch, unsupported_history
     ├── CaseLocked                     locked (exit 11: DEFERRED, try again later)
     ├── StorageError                   store_corrupt, store_unavailable, store_format,
     │                                  store_read_only
@@ -137,6 +139,14 @@ class CaseExists(RejectedInput):
 class StaleGeneration(RejectedInput):
     default_reason = "stale_generation"
     default_hint = "Another writer advanced this package; read the current generation and retry."
+
+
+class PhaseRefused(RejectedInput):
+    """A case operation (confirm, reopen, unblock, a dispatch for the wrong package) that
+    the case's durable state does not allow; nothing was written."""
+
+    default_reason = "refused"
+    default_hint = "Run 'viano status CASE' and 'viano log CASE' to see where the case is."
 
 
 class CaseLocked(VianoError):

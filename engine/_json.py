@@ -7,7 +7,9 @@
 - ``NaN``/``Infinity`` are accepted although they are not JSON;
 - ``"\\ud800"`` decodes to a lone surrogate, which later fails to encode as UTF-8;
 - deep nesting raises ``RecursionError`` (an internal error) or, just under the limit,
-  builds values that later recursive code cannot walk.
+  builds values that later recursive code cannot walk;
+- a 5,000-digit integer raises ``ValueError`` (Python's digit limit), and ``1e400`` parses
+  to ``inf``: numbers no contract means.
 
 :func:`loads_untrusted` refuses each of those with an :class:`UntrustedJson` carrying a
 stable ``detail`` code, so every caller turns it into its own refusal (``invalid_report``,
@@ -17,10 +19,12 @@ stable ``detail`` code, so every caller turns it into its own refusal (``invalid
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
 MAX_DEPTH = 64
+MAX_DIGITS = 40  # larger than any count, size or time Viano reads; smaller than any DoS
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
@@ -45,6 +49,19 @@ def _constant(name: str) -> Any:
     raise UntrustedJson("invalid_constant", f"{name} is not a JSON value")
 
 
+def _int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise UntrustedJson("number_too_large", f"an integer of {len(text)} digits")
+    return int(text)
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or len(text) > 4 * MAX_DIGITS:
+        raise UntrustedJson("number_too_large", f"the number {text[:20]}… is not finite")
+    return value
+
+
 def loads_untrusted(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
     """Parse one JSON document strictly (see the module docstring)."""
     if isinstance(data, bytes):
@@ -55,7 +72,8 @@ def loads_untrusted(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
     else:
         text = data
     try:
-        value = json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant)
+        value = json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant,
+                           parse_int=_int, parse_float=_float)
     except UntrustedJson:
         raise
     except RecursionError as exc:
@@ -63,6 +81,8 @@ def loads_untrusted(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
     except json.JSONDecodeError as exc:
         raise UntrustedJson("not_json", f"not valid JSON ({exc.msg} at line {exc.lineno} "
                                         f"column {exc.colno})") from exc
+    except ValueError as exc:  # anything else the decoder refuses to build
+        raise UntrustedJson("not_json", f"not acceptable JSON ({exc})") from exc
     check_tree(value, max_depth=max_depth)
     return value
 

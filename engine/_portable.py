@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import uuid
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -63,8 +64,20 @@ class ExportSummary:
 
 def check_destination(dest: Path, store_root: Path | None, *, force: bool) -> Path:
     """Where an export may go: refuses an existing file (unless ``force``), a directory, a
-    missing folder and any path inside the store."""
-    target = dest.resolve()
+    missing folder, a name the file system cannot hold and any path inside the store."""
+    try:
+        return _check_destination(dest, store_root, force=force)
+    except (OSError, RuntimeError, ValueError) as exc:  # loops, bad names, /proc, /sys …
+        raise DestinationRejected(f"{_shown(dest)} cannot be used: "
+                                  f"{getattr(exc, 'strerror', None) or exc}") from exc
+
+
+def _shown(path: Path) -> str:
+    return str(path).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _check_destination(dest: Path, store_root: Path | None, *, force: bool) -> Path:
+    target = dest.resolve(strict=False)
     if store_root is not None:
         root = store_root.resolve()
         if target == root or root in target.parents:
@@ -77,9 +90,16 @@ def check_destination(dest: Path, store_root: Path | None, *, force: bool) -> Pa
     if not target.parent.is_dir():
         raise DestinationRejected(f"the folder {dest.parent} does not exist",
                                   hint="Create the folder first, or choose another path.")
-    if target.exists() and not force:
+    if (target.exists() or target.is_symlink()) and not force:
         raise DestinationRejected(f"{dest} already exists", reason="destination_exists",
                                   hint="Choose a new file name, or pass --force to replace it.")
+    if target.exists() and not target.is_file():
+        raise DestinationRejected(f"{dest} is not a regular file")
+    if not os.access(target.parent, os.W_OK | os.X_OK):
+        raise DestinationRejected(f"the folder {dest.parent} cannot be written")
+    name_max = os.pathconf(target.parent, "PC_NAME_MAX")
+    if len(os.fsencode(target.name)) > name_max:
+        raise DestinationRejected(f"the file name is longer than {name_max} bytes")
     return target
 
 
@@ -96,7 +116,7 @@ def export_package(store: Store, case_id: str, dest: Path, *, force: bool = Fals
     for m in manifests:
         for entry in m.files.values():
             blobs[entry.sha256] = entry.size
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp = target.with_name(f".viano-export-{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
     try:
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
             zf.writestr(INDEX, artifact_json(index))
@@ -108,6 +128,10 @@ def export_package(store: Store, case_id: str, dest: Path, *, force: bool = Fals
             os.fsync(f.fileno())
         os.replace(tmp, target)
         fsync_dir(target.parent)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise DestinationRejected(f"the export could not be written to {_shown(dest)}: "
+                                  f"{exc.strerror or exc}") from exc
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -122,6 +146,15 @@ def _write_blob(store: Store, zf: zipfile.ZipFile, sha: str, size: int) -> None:
             out.write(chunk)
 
 
+def import_limits(limits: IntakeLimits) -> IntakeLimits:
+    """An export holds blobs as intake stored them: an archive of up to max_total_bytes is
+    one blob, and a case may hold several. So a member may be as large as max_total_bytes
+    and the whole export 16 times that; count and ratio limits apply as at intake (an
+    export is stored, not deflated: its ratio is 1)."""
+    return attrs.evolve(limits, max_member_bytes=limits.max_total_bytes,
+                        max_total_bytes=16 * limits.max_total_bytes)
+
+
 def read_export(path: Path, limits: IntakeLimits) -> ImportRequest:
     """Validate an export completely and return the request that imports it."""
     label = str(path)
@@ -129,7 +162,7 @@ def read_export(path: Path, limits: IntakeLimits) -> ImportRequest:
         raise ImportRejected(f"{label}: no such file")
     if archive_kind(path) != "zip":
         raise ImportRejected(f"{label}: not a zip file")
-    members = {m.name: m for m in scan_archive(path, "zip", limits, label)}
+    members = {m.name: m for m in scan_archive(path, "zip", import_limits(limits), label)}
     if INDEX not in members or members[INDEX].size > MAX_INDEX_BYTES:
         raise ImportRejected(f"{label}: {INDEX} is missing or too large")
     with zipfile.ZipFile(path) as zf:

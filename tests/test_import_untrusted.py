@@ -94,6 +94,9 @@ MANIFEST_ATTACKS: dict[str, Callable[[list[Doc]], list[bytes]]] = {
     "not canonical (pretty-printed)": lambda d: [json.dumps(d[0], indent=2).encode()],
     "duplicate keys": lambda d: [_encode(d[0])[:-1] + b',"phase":"INTAKE"}'],
     "case id changes": lambda d: _next(d, case_id="OTHER-1"),
+    "a 5000-digit revision": lambda d: [_encode(d[0]).replace(b'"analysis_revision":1',
+                                                              b'"analysis_revision":'
+                                                              + b"1" * 5000)],
 }
 
 INDEX_ATTACKS: dict[str, Callable[[Doc], bytes]] = {
@@ -110,6 +113,9 @@ INDEX_ATTACKS: dict[str, Callable[[Doc], bytes]] = {
     "duplicate keys": lambda i: json.dumps(i).encode()[:-1] + b', "case_id": "OTHER"}',
     "not JSON": lambda i: b"\xff\xfe not json",
     "NaN": lambda i: json.dumps(i).encode()[:-1] + b', "x": NaN}',
+    "a 5000-digit generation": lambda i: json.dumps(dict(i, generations=[
+        {**g, "generation": 0} for g in i["generations"]])).encode().replace(
+        b'"generation": 0', b'"generation": ' + b"1" * 5000),
 }
 
 

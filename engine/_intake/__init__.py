@@ -2,6 +2,7 @@
 
 from ._archives import MemberInfo as MemberInfo
 from ._archives import archive_kind as archive_kind
+from ._archives import member_heads as member_heads
 from ._archives import scan_archive as scan_archive
 from ._catalogue import media_type as media_type
 from ._intake import INTAKE_PHASE as INTAKE_PHASE

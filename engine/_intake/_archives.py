@@ -29,6 +29,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import os
 import stat
 import struct
 import tarfile
@@ -101,21 +102,49 @@ def named_kind(name: str) -> str | None:
     return None
 
 
+Opener = Callable[[], IO[bytes]]
+
+
 def scan_archive(path: Path, kind: str, limits: IntakeLimits, label: str,
                  progress: Callable[[int], None] | None = None) -> list[MemberInfo]:
     """Check and hash every regular member of the archive at ``path``."""
+    with path.open("rb") as f:
+        return scan_open_archive(f, kind, limits, label, progress)
+
+
+def scan_open_archive(f: IO[bytes], kind: str, limits: IntakeLimits, label: str,
+                      progress: Callable[[int], None] | None = None) -> list[MemberInfo]:
+    """Like :func:`scan_archive`, through one already open file: every read of the scan
+    is of that file, so renaming another file over its path cannot change what is read."""
+    fd = f.fileno()
+
+    def opener() -> IO[bytes]:
+        os.lseek(fd, 0, os.SEEK_SET)
+        return os.fdopen(os.dup(fd), "rb")
+
     scanner = _ZipScan if kind == "zip" else _TarScan
-    return scanner(path, limits, label, progress).run()
+    return scanner(opener, os.fstat(fd).st_size, limits, label, progress).run()
+
+
+def member_heads(opener: Opener, size: int, kind: str, wanted: dict[str, int],
+                 limits: IntakeLimits, label: str) -> dict[str, bytes]:
+    """The first ``wanted[name]`` bytes of each named member, read within the same limits
+    and checks as a scan (an archive in the store may have come from an import)."""
+    scanner = _ZipScan if kind == "zip" else _TarScan
+    found = scanner(opener, size, limits, label, None, wanted).run()
+    return {m.name: m.head for m in found}
 
 
 class _Scan:
-    def __init__(self, path: Path, limits: IntakeLimits, label: str,
-                 progress: Callable[[int], None] | None):
-        self.path, self.limits, self.label, self.progress = path, limits, label, progress
+    def __init__(self, opener: Opener, size: int, limits: IntakeLimits, label: str,
+                 progress: Callable[[int], None] | None,
+                 wanted: dict[str, int] | None = None):
+        self.open, self.limits, self.label, self.progress = opener, limits, label, progress
         self.total = 0
         self.count = 0
         self.seen: set[str] = set()
-        self.archive_size = path.stat().st_size
+        self.archive_size = size
+        self.wanted = wanted
 
     def refuse(self, member: str | None, what: str,
                reason: str = "limit_exceeded") -> ArchiveRejected:
@@ -164,6 +193,15 @@ class _Scan:
                 raise self.refuse(name, f"compression ratio {ratio:.0f} exceeds "
                                         f"max_compression_ratio={lim.max_compression_ratio:g}")
 
+    def take(self, name: str, stream: IO[bytes], declared: int) -> MemberInfo | None:
+        """Hash a member (a scan), or read the head of a wanted one (an excerpt)."""
+        if self.wanted is None:
+            return self.hash_member(name, stream, declared)
+        if name not in self.wanted:
+            return None
+        return MemberInfo(name=name, size=declared, sha256="",
+                          head=stream.read(min(declared, self.wanted[name])))
+
     def hash_member(self, name: str, stream: IO[bytes], declared: int) -> MemberInfo:
         h = hashlib.sha256()
         head = b""
@@ -203,21 +241,23 @@ class _Scan:
 class _ZipScan(_Scan):
     def run(self) -> list[MemberInfo]:
         self._check_directory()
-        with self.corrupt_on_error(None), zipfile.ZipFile(self.path) as zf:
+        with self.corrupt_on_error(None), self.open() as raw, zipfile.ZipFile(raw) as zf:
             infos = zf.infolist()
             regular = [self._check(info) for info in infos]
             out = []
             for info, name in zip(infos, regular, strict=True):
-                if name is None:
+                if name is None or (self.wanted is not None and name not in self.wanted):
                     continue
                 with self.corrupt_on_error(name), zf.open(info) as stream:
-                    out.append(self.hash_member(name, stream, info.file_size))
+                    taken = self.take(name, stream, info.file_size)
+                if taken is not None:
+                    out.append(taken)
         return out
 
     def _check_directory(self) -> None:
         """Read the end-of-central-directory record (and its zip64 form) ourselves and
         refuse too many entries or too large a directory before zipfile builds it."""
-        with self.corrupt_on_error(None), self.path.open("rb") as f:
+        with self.corrupt_on_error(None), self.open() as f:
             tail_len = min(self.archive_size, 65535 + 22)
             f.seek(self.archive_size - tail_len)
             tail = f.read(tail_len)
@@ -263,7 +303,7 @@ class _ZipScan(_Scan):
 class _TarScan(_Scan):
     def run(self) -> list[MemberInfo]:
         out: list[MemberInfo] = []
-        with self.corrupt_on_error(None), self.path.open("rb") as raw:
+        with self.corrupt_on_error(None), self.open() as raw:
             gz = raw.read(2) == b"\x1f\x8b"
             raw.seek(0)
             inner: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb") if gz \
@@ -295,7 +335,9 @@ class _TarScan(_Scan):
                 if stream is None:
                     raise self.refuse(name, "cannot be read", "corrupt_archive")
                 with stream:
-                    out.append(self.hash_member(name, stream, ti.size))
+                    taken = self.take(name, stream, ti.size)
+                if taken is not None:
+                    out.append(taken)
 
 
 class _BoundedReader(io.RawIOBase):

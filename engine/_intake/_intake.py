@@ -23,7 +23,7 @@ from .._errors import ArchiveRejected, ChangeRejected, InputRejected
 from .._ids import validate_case_id
 from .._store import BytesSource, Change, FileSource, validate_logical_path
 from .._store._sources import BlobSource, hash_stream
-from ._archives import archive_kind, named_kind, scan_archive
+from ._archives import archive_kind, named_kind, scan_open_archive
 from ._catalogue import CatalogueBuilder, media_type
 from ._report import parse_report
 
@@ -159,11 +159,21 @@ def _catalogue_attachment(cat: CatalogueBuilder, att: Attachment, name: str,
     if att.path.stat().st_size > limits.max_total_bytes:
         raise InputRejected(f"{att.path}: larger than max_total_bytes={limits.max_total_bytes}",
                             reason="limit_exceeded")
-    members = scan_archive(att.path, kind, limits, str(att.path), progress)
+    # One open file for the hash, the scan and the hash again: a file renamed over the
+    # path meanwhile is not read, and one changed in place shows in the second hash. The
+    # store re-hashes the path at commit, so a swap after this is refused there.
+    with att.path.open("rb") as f:
+        digest, size = hash_stream(f)
+        members = scan_open_archive(f, kind, limits, str(att.path), progress)
+        f.seek(0)
+        if hash_stream(f) != (digest, size):
+            raise InputRejected(f"{_shown(att.path)}: the archive changed while it was read",
+                                reason="input_changed",
+                                hint="Do not modify input files while Viano reads them.")
     for m in sorted(members, key=lambda m: m.name.encode("utf-8")):
         cat.add(kind=att.role, human=False, origin={"input": name, "member": m.name},
                 sha256=m.sha256, size=m.size, media=media_type(m.name, m.head))
-    source = FileSource.of(att.path)
+    source = FileSource(path=att.path, sha256=digest, size=size)
     return source, {"input": name, "role": att.role, "sha256": source.sha256,
                     "size": source.size, "archive": kind, "members": len(members)}
 

@@ -1,7 +1,69 @@
-"""The LLM phases: the durable protocol they share, interpretation and hypotheses."""
+"""The LLM phases: the durable protocol they share (written once), case interpretation,
+and the case operations between dispatches."""
 
 from collections.abc import Sequence
 
-from .._store import PackageCheck
+from .._store import Manifest, PackageCheck, Store
+from . import _interpretation
+from ._interpretation import InterpretationSpec as InterpretationSpec
+from ._interpretation import interpretation_policy as interpretation_policy
+from ._interpretation import interpretation_problems as interpretation_problems
+from ._interpretation import validate_interpretation as validate_interpretation
+from ._operations import REOPENED as REOPENED
+from ._operations import confirm_change as confirm_change
+from ._operations import person as person
+from ._operations import reopen_change as reopen_change
+from ._operations import unblock_change as unblock_change
+from ._prompts import PromptText as PromptText
+from ._prompts import load_prompt as load_prompt
+from ._protocol import BLOCKED as BLOCKED
+from ._protocol import COMPLETED as COMPLETED
+from ._protocol import DEFERRED as DEFERRED
+from ._protocol import ERROR as ERROR
+from ._protocol import EXIT_CODES as EXIT_CODES
+from ._protocol import RETRY_PENDING as RETRY_PENDING
+from ._protocol import DispatchRequest as DispatchRequest
+from ._protocol import DispatchResult as DispatchResult
+from ._protocol import Enter as Enter
+from ._protocol import Finish as Finish
+from ._protocol import Judge as Judge
+from ._protocol import PhaseState as PhaseState
+from ._protocol import Refusal as Refusal
+from ._protocol import RoundInfo as RoundInfo
+from ._protocol import RunRound as RunRound
+from ._protocol import Step as Step
+from ._protocol import attempt_hash as attempt_hash
+from ._protocol import decide as decide
+from ._protocol import due_delay as due_delay
+from ._protocol import phase_dir as phase_dir
+from ._runner import Accepted as Accepted
+from ._runner import PhaseSpec as PhaseSpec
+from ._runner import Problem as Problem
+from ._runner import enter_change as enter_change
+from ._runner import judge_change as judge_change
+from ._runner import load_state as load_state
+from ._runner import prompt_for as prompt_for
+from ._runner import round_change as round_change
+from ._runner import running as running
+from ._view import HistoryProblem as HistoryProblem
+from ._view import PackageView as PackageView
 
-PHASE_CHECKS: Sequence[PackageCheck] = ()
+INTERPRETATION_PHASE = _interpretation.PHASE
+interpretation_paths = _interpretation.artifact_paths
+INTERPRETATION = InterpretationSpec()
+SPECS: dict[str, PhaseSpec] = {INTERPRETATION.phase: INTERPRETATION}
+
+
+def _check_phases(store: Store, manifests: Sequence[Manifest]) -> list[str]:
+    """verify's phase-level check: every revision's interpretation bindings recomputed."""
+    if not manifests:
+        return []
+    view = PackageView(manifests[-1], store.read_blob, store.open_blob)
+    out: list[str] = []
+    for rev in range(1, manifests[-1].analysis_revision + 1):
+        if view.has(interpretation_paths(rev)["interpretation"]):
+            out += [f"revision {rev}: {p}" for p in interpretation_problems(view, rev)]
+    return out
+
+
+PHASE_CHECKS: Sequence[PackageCheck] = (_check_phases,)

@@ -26,14 +26,16 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import io
 import os
 import re
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-from .._errors import InputRejected
+from .._errors import InputRejected, StorageError
 from ._crash import crash_point
 from ._sources import CHUNK, BlobSource
 
@@ -104,6 +106,30 @@ class BlobFiles:
     def open(self, sha256: str) -> Path:
         return self.path_for(sha256)
 
+    def open_regular(self, sha256: str) -> BinaryIO:
+        """Open a blob file for reading, refusing anything but a regular file (a FIFO is
+        opened without blocking, then refused) with a ``StorageError``."""
+        path = self.path_for(sha256)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError as exc:
+            raise StorageError(f"blob file {sha256} is missing",
+                               reason="store_corrupt") from exc
+        except OSError as exc:
+            raise StorageError(f"blob file {sha256} cannot be read: {exc.strerror or exc}",
+                               reason="store_unavailable",
+                               hint="Check the store's permissions, then run 'viano verify'."
+                               ) from exc
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise StorageError(f"blob file {sha256} is not a regular file",
+                                   reason="store_corrupt")
+            os.set_blocking(fd, True)
+            return os.fdopen(fd, "rb")
+        except BaseException:
+            os.close(fd)
+            raise
+
     def iter_files(self) -> Iterator[tuple[str, Path]]:
         """Every blob file (name checked), in a stable order."""
         if not self.dir.is_dir():
@@ -138,6 +164,51 @@ class BlobFiles:
             return True
         finally:
             os.close(fd)
+
+
+class VerifyingReader(io.RawIOBase):
+    """Reads a blob and, at its end, checks what was read against the blob's sha256: a
+    damaged blob raises ``store_corrupt`` rather than ending normally. Wrapped in a
+    ``BufferedReader`` by :func:`verified_stream`."""
+
+    def __init__(self, inner: BinaryIO, sha256: str):
+        super().__init__()
+        self.inner, self.sha256 = inner, sha256
+        self.hash: Any = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        data = self.inner.read(len(b))
+        b[: len(data)] = data
+        if self.hash is not None:
+            self.hash.update(data)
+            if not data and len(b):
+                digest, self.hash = self.hash.hexdigest(), None
+                if digest != self.sha256:
+                    raise StorageError(f"blob {self.sha256} is damaged: its bytes no longer "
+                                       "match its name", reason="store_corrupt")
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if (offset, whence) != (0, io.SEEK_SET) or self.inner.tell() != 0:
+            self.hash = None  # random access (zipfile): the sequential check cannot apply
+        return self.inner.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.inner.tell()
+
+    def close(self) -> None:
+        self.inner.close()
+        super().close()
+
+
+def verified_stream(inner: BinaryIO, sha256: str) -> BinaryIO:
+    return io.BufferedReader(VerifyingReader(inner, sha256), buffer_size=CHUNK)
 
 
 def input_changed(source: BlobSource) -> InputRejected:

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import io
 import logging
 import os
 import sqlite3
 import threading
 import uuid
+import zipfile
+import zlib
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -37,14 +40,14 @@ from urllib.parse import quote
 from .._canonical import utc_now_iso
 from .._errors import ChangeRejected, InputRejected, NotAStore, NotFound, StorageError, VianoError
 from .._ids import validate_case_id
-from ._blobs import BlobFiles, fsync_dir, input_changed
+from ._blobs import BlobFiles, fsync_dir, input_changed, verified_stream
 from ._crash import crash_point
 from ._lock import flock_lease
 from ._manifest import Manifest
 from ._plan import BatchRows, GenerationRow, Head, PlanInput, plan_batch
 from ._protocol import BlobInfo, CaseRef, StoreStats
 from ._requests import CaseStatus, ImportRequest, Outcome, PublishRequest, Request
-from ._sources import BlobSource, BytesSource, read_verified
+from ._sources import BlobSource, read_verified
 from ._sqlite_schema import CURRENT_VERSION, create_current, migrate, parse_version
 from ._wal import Checkpointer
 
@@ -97,13 +100,13 @@ class SqliteStore:
     # -- opening ---------------------------------------------------------------------
 
     @classmethod
-    def open(cls, root: str | os.PathLike[str], *, write: bool,
+    def open(cls, root: str | os.PathLike[str], *, write: bool, create: bool = True,
              inline_threshold: int = INLINE_THRESHOLD) -> SqliteStore:
-        """Open the store at ``root``; ``write`` creates it if absent and migrates an
-        older version. See the module docstring for what is refused."""
+        """Open the store at ``root``; ``write`` (with ``create``) creates it if absent and
+        migrates an older version. See the module docstring for what is refused."""
         root = Path(root)
         try:
-            db_exists = _check_folder(root, write)
+            db_exists = _check_folder(root, write and create)
             if not db_exists:
                 _create(root)
             return _open_existing(root, write, inline_threshold)
@@ -220,11 +223,19 @@ class SqliteStore:
                     inline[source.sha256] = data
         except VianoError as exc:
             return exc
-        except OSError as exc:
+        except PermissionError as exc:
             return InputRejected(f"cannot read an input while storing it: "
                                  f"{exc.strerror or exc}", reason="unreadable_input",
                                  hint="Check that the input files are readable and run the "
                                       "command again.")
+        except (OSError, EOFError, ValueError, RuntimeError, zipfile.BadZipFile,
+                zlib.error) as exc:
+            # The source is not what was validated any more (a file or export replaced).
+            return InputRejected(f"an input could not be read as it was validated "
+                                 f"({type(exc).__name__}); nothing of this request was "
+                                 "written", reason="input_changed",
+                                 hint="Do not modify input files while Viano reads them; "
+                                      "run the command again.")
         return None
 
     def _recheck_files(self, large: dict[str, list[tuple[int, BlobSource]]],
@@ -334,9 +345,13 @@ class SqliteStore:
         with _translate("inspect the index"):
             gens = self.reader.execute("SELECT COUNT(*) FROM generations").fetchone()[0]
             blob_rows = self.reader.execute("SELECT COUNT(*) FROM blobs").fetchone()[0]
-        if gens:
-            return []
         problems = []
+        ours = self._meta_id()
+        if ours is not None and not self._id_matches():
+            problems.append("the index does not belong to this store folder (its store-id "
+                            "differs from the folder's or the folder's is missing)")
+        if gens:
+            return problems
         if blob_rows:
             problems.append(f"the index has no generations but holds {blob_rows} blob(s): "
                             "it was emptied or replaced")
@@ -345,11 +360,18 @@ class SqliteStore:
                             "them (store-id)")
         return problems
 
-    def _id_matches(self) -> bool:
+    def _meta_id(self) -> str | None:
         try:
-            ours = self.reader.execute("SELECT value FROM meta WHERE key='store_id'").fetchone()
-            return ours is not None and (self.root / ID_NAME).read_text().strip() == ours[0]
-        except (OSError, sqlite3.Error):
+            row = self.reader.execute("SELECT value FROM meta WHERE key='store_id'").fetchone()
+        except sqlite3.Error:
+            return None
+        return None if row is None else str(row[0])
+
+    def _id_matches(self) -> bool:
+        ours = self._meta_id()
+        try:
+            return ours is not None and (self.root / ID_NAME).read_text().strip() == ours
+        except (OSError, UnicodeDecodeError):
             return False
 
     def stats(self) -> StoreStats:
@@ -375,6 +397,29 @@ class SqliteStore:
         if not rows:
             raise NotFound(f"no case {case_id!r} in {self.root}", reason="unknown_case")
         return rows[0]
+
+    @contextmanager
+    def read_transaction(self) -> Iterator[None]:
+        """Every read inside sees one committed state of the store (verify's view)."""
+        conn = self.reader
+        if conn.in_transaction:
+            yield
+            return
+        with _translate("read the store"):
+            conn.execute("BEGIN")
+        try:
+            yield
+        finally:
+            with _translate("read the store"):
+                conn.execute("COMMIT")
+
+    def head(self, case_id: str) -> tuple[CaseRef, Manifest]:
+        """The case's index row and its head manifest, read in one read transaction (so
+        the status belongs to that generation)."""
+        with self.read_transaction():
+            ref = self.case(case_id)
+            manifest = self._manifest(self.reader, ref.package_id, ref.generation)
+        return ref, manifest
 
     def due_cases(self, now: float, limit: int) -> list[CaseRef]:
         """Cases with work now: READY, or RETRY_PENDING whose due time has come, from the
@@ -473,20 +518,18 @@ class SqliteStore:
         return None if row[1] is None else bytes(row[1])
 
     def read_blob(self, sha256: str) -> bytes:
-        data = self._inline(sha256)
-        if data is not None:
-            return data
+        """The blob's bytes, checked against its name: a damaged blob is ``store_corrupt``,
+        never served."""
         with self.open_blob(sha256) as f:
             return f.read()
 
     def open_blob(self, sha256: str) -> BinaryIO:
+        """A stream of the blob that checks the bytes against the name as they are read:
+        reading to the end of a damaged blob raises ``store_corrupt`` instead of ending."""
         data = self._inline(sha256)
         if data is not None:
-            return BytesSource(data).open()
-        try:
-            return self._blob_files.open(sha256).open("rb")
-        except FileNotFoundError as exc:
-            raise StorageError(f"blob file {sha256} is missing", reason="store_corrupt") from exc
+            return verified_stream(io.BytesIO(data), sha256)
+        return verified_stream(self._blob_files.open_regular(sha256), sha256)
 
 
 class _Exclusive:
@@ -637,13 +680,29 @@ def _check_id(root: Path, store_id: str) -> None:
     try:
         on_disk = (root / ID_NAME).read_text().strip()
     except FileNotFoundError:
+        if _has_generations(root / DB_NAME):
+            raise StorageError(f"{root}: the folder's store-id file is missing, so this index "
+                               "cannot be shown to belong to it", reason="store_corrupt",
+                               hint="Restore the store-id file (or the whole store) from a "
+                                    "backup; do not write to this store.") from None
         _write_id(root, store_id)  # a crash between creating the index and its id file
         return
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StorageError(f"{root}: the store-id file cannot be read ({exc})",
+                           reason="store_corrupt") from exc
     if on_disk != store_id:
         raise StorageError(f"{root}: the index belongs to another store (store-id "
                            f"{on_disk[:8]}… on disk, {store_id[:8]}… in {DB_NAME})",
                            reason="store_corrupt",
                            hint="Restore the store's own store.sqlite3; do not write to it.")
+
+
+def _has_generations(db: Path) -> bool:
+    conn = _connect_reader(db, immutable=False)
+    try:
+        return conn.execute("SELECT 1 FROM generations LIMIT 1").fetchone() is not None
+    finally:
+        conn.close()
 
 
 def _migrate(root: Path, db: Path, version: int) -> int:
@@ -711,7 +770,7 @@ def _reason(exc: sqlite3.Error) -> str:
 def _reader(path: Path, immutable: bool) -> sqlite3.Connection:
     """A read-only connection, touched once so that opening problems show here. Raises
     sqlite3 errors (the callers translate them)."""
-    uri = f"file:{quote(str(path))}?mode=ro" + ("&immutable=1" if immutable else "")
+    uri = f"file:{quote(os.fsencode(path))}?mode=ro" + ("&immutable=1" if immutable else "")
     conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False,
                            timeout=30.0)
     try:

@@ -79,6 +79,15 @@ class _Need:
 def verify_store(store: Store, case_ids: Iterable[str] | None = None,
                  progress: Callable[[int], None] | None = None,
                  checks: Sequence[PackageCheck] = ()) -> VerifyReport:
+    """Verify the store as one committed state (a read transaction), so that publications
+    going on meanwhile are either wholly seen or not at all."""
+    with store.read_transaction():
+        return _verify(store, case_ids, progress, checks)
+
+
+def _verify(store: Store, case_ids: Iterable[str] | None,
+            progress: Callable[[int], None] | None,
+            checks: Sequence[PackageCheck]) -> VerifyReport:
     problems = store.index_problems()
     if problems:
         raise StorageError(f"{store.location}: {'; '.join(problems)}", reason="store_corrupt",
@@ -197,7 +206,9 @@ def _check_blobs(store: Store, needed: dict[str, _Need]) -> list[Violation]:
                     h.update(chunk)
                     actual += len(chunk)
         except StorageError as exc:
-            bad(need, f"blob {sha}: {exc.message}")
+            what = "missing" if "missing" in exc.message else (
+                "corrupt" if exc.reason == "store_corrupt" else "unreadable")
+            bad(need, f"blob {sha} is {what}: {exc.message}")
             continue
         if h.hexdigest() != sha or actual != need.size or info.size != need.size:
             bad(need, f"blob {sha} is corrupt (recomputed {h.hexdigest()[:12]}…, {actual} "

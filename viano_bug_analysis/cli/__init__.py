@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from engine import EXIT_INTERRUPTED, Config, VianoError
 
 from ._commands import COMMANDS
+from ._events import event_log
 from ._output import Output
 from ._parser import build_parser
 
@@ -22,7 +23,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         out.as_json = bool(args.json)
         config = Config.resolve(args.config)
-        return COMMANDS[args.command](args, out, config)
+        with event_log(args.log_json):
+            return COMMANDS[args.command](args, out, config)
     except SystemExit as exc:  # --help printed its text
         return exc.code if isinstance(exc.code, int) else 0
     except VianoError as exc:

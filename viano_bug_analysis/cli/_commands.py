@@ -26,6 +26,7 @@ from engine import (
 from .._sample import bundled_sample
 from ._context import store_location
 from ._output import Output
+from ._phase_commands import cmd_confirm, cmd_interpret, cmd_reopen, cmd_unblock
 from ._store_commands import (
     cmd_cat,
     cmd_export,
@@ -114,4 +115,5 @@ def cmd_demo(args: argparse.Namespace, out: Output, config: Config) -> int:
 COMMANDS: dict[str, Command] = {
     "intake": cmd_intake, "status": cmd_status, "show": cmd_show, "cat": cmd_cat,
     "log": cmd_log, "verify": cmd_verify, "export": cmd_export, "import": cmd_import,
-    "gc": cmd_gc, "demo": cmd_demo}
+    "gc": cmd_gc, "demo": cmd_demo, "interpret": cmd_interpret, "confirm": cmd_confirm,
+    "reopen": cmd_reopen, "unblock": cmd_unblock}

@@ -22,7 +22,10 @@ from rich.text import Text
 
 from engine import VianoError, terminal_safe
 
-_JSON_UNSAFE = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# C1 controls, bidi controls, and the lone surrogates a non-UTF-8 file name decodes to:
+# written as \u escapes, so the document is valid UTF-8 JSON and safe on a terminal.
+_JSON_UNSAFE = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+                          "\ud800-\udfff]")
 
 
 def json_text(value: Any) -> str:

@@ -5,12 +5,14 @@ wins and one given before it is not overwritten."""
 from __future__ import annotations
 
 import argparse
+import math
 from typing import NoReturn
 
 from engine import ROLES, UsageError
 
 DESCRIPTION = ("Viano analyses bug cases: intake stores the originals and a canonical source "
-               "catalogue in a durable, versioned case package.")
+               "catalogue in a durable, versioned case package; a model interprets the case, "
+               "a person confirms it, and competing causal hypotheses follow.")
 
 EXIT_CODES = ("exit codes: 0 success, 2 usage error or rejected input (nothing written), "
               "10 RETRY_PENDING, 11 DEFERRED, 12 BLOCKED, 13 ERROR, 1 violations found "
@@ -24,6 +26,17 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message}",
                          hint=f"Run '{self.prog} --help' to see its arguments.")
+
+
+def _seconds(text: str) -> float:
+    """A duration: a finite number of seconds, not negative."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite, non-negative number")
+    return value
 
 
 def _globals(with_defaults: bool) -> Parser:
@@ -41,6 +54,9 @@ def _globals(with_defaults: bool) -> Parser:
                         "config/analysis.local.toml if it exists, else built-in defaults)")
     g.add_argument("--json", action="store_true", default=default(False),
                    help="print one JSON document on stdout and nothing else")
+    g.add_argument("--log-json", nargs="?", const="-", default=default(None), metavar="FILE",
+                   help="write one JSON line per phase step and result to FILE (default: "
+                        "stderr); off unless given")
     return p
 
 
@@ -64,6 +80,25 @@ def build_parser() -> argparse.ArgumentParser:
                         "catalogued member by member. Repeatable; order is kept")
     p.add_argument("--case-id", metavar="ID", help="case id (default: the report's "
                    "case_id, else derived from the report's hash)")
+
+    p = add("interpret", "one dispatch of the interpretation phase for CASE")
+    p.add_argument("case", metavar="CASE")
+    p.add_argument("--attempt-id", default="default", metavar="ID",
+                   help="the attempt; after a rejected answer, a new id asks again under the "
+                        "same pinned policy (default: default)")
+
+    p = add("confirm", "confirm the current revision's interpretation of CASE")
+    p.add_argument("case", metavar="CASE")
+    p.add_argument("--by", metavar="NAME", help="who confirms (default: your user name)")
+
+    p = add("reopen", "start a new analysis revision of CASE; earlier artifacts stay unchanged")
+    p.add_argument("case", metavar="CASE")
+    p.add_argument("--reason", required=True, metavar="TEXT", help="why (recorded)")
+    p.add_argument("--by", metavar="NAME", help="who reopens (default: your user name)")
+
+    p = add("unblock", "after BLOCKED (rounds exhausted): allow a new series of rounds")
+    p.add_argument("case", metavar="CASE")
+    p.add_argument("--by", metavar="NAME", help="who unblocks (default: your user name)")
 
     p = add("status", "list cases: phase, status, revision, generation, due time")
     p.add_argument("cases", nargs="*", metavar="CASE")
@@ -94,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE.zip")
 
     p = add("gc", "remove blob files no generation references (left only by crashes)")
-    p.add_argument("--min-age", type=float, default=600.0, metavar="SECONDS",
+    p.add_argument("--min-age", type=_seconds, default=600.0, metavar="SECONDS",
                    help="keep unreferenced files younger than this (default 600): another "
                         "process may be about to commit them")
 

@@ -1,0 +1,239 @@
+"""The case actor: one dispatch of one phase of one case, carried out step by step.
+
+It takes the case's lease without waiting (busy → DEFERRED ``locked``) and holds it for the
+whole dispatch. Each step is decided from durable state alone (``engine.decide`` over the
+head generation and the case's status), carried out — a publication through the publisher,
+or a round through the gateway pool — and the next step decided again from what is now
+durable, never from memory of an earlier call. It never sleeps for a due time.
+
+Cancellation at any await leaves only committed generations: a publication that was sent
+commits whole or not at all (the publisher's commit is shielded), a round that was not
+recorded is simply asked again by a later dispatch (at-least-once, counted in the status as
+``calls_started``), and the next dispatch resumes from what is durable.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from engine import (
+    COMPLETED,
+    DEFERRED,
+    CaseLocked,
+    CaseStatus,
+    Change,
+    DispatchRequest,
+    DispatchResult,
+    Enter,
+    Finish,
+    Judge,
+    PackageView,
+    PhaseRefused,
+    PhaseSpec,
+    Refusal,
+    RoundRequest,
+    RunRound,
+    StaleGeneration,
+    VianoError,
+    decide,
+    enter_change,
+    judge_change,
+    load_state,
+    prompt_for,
+    round_change,
+    running,
+    utc_now_iso,
+)
+
+from ._gateway_pool import GatewayHandle
+from ._store_handle import Snapshot, StoreHandle
+
+MAX_STEPS = 16
+log = logging.getLogger("viano.events")
+
+
+class Clock(Protocol):
+    """Wall-clock time (POSIX seconds) for due times and records; injectable so tests run
+    in virtual time."""
+
+    def now(self) -> float: ...
+
+
+class SystemClock:
+    def now(self) -> float:
+        return time.time()
+
+
+@attrs.frozen
+class TrioClock:
+    """Wall time that follows trio's clock: ``start`` plus ``trio.current_time()`` (with
+    ``autojump_clock``, due times pass in virtual time)."""
+
+    start: float = 1_800_000_000.0
+
+    def now(self) -> float:
+        return self.start + trio.current_time()
+
+
+Events = Callable[[dict[str, Any]], None]
+
+
+def log_event(event: dict[str, Any]) -> None:
+    """The default event sink: one record on the ``viano.events`` logger (the CLI's
+    ``--log-json`` turns those into JSON lines)."""
+    log.info("%s", event.get("event"), extra={"viano_event": event})
+
+
+@attrs.frozen
+class PhaseServices:
+    store: StoreHandle
+    gateway: GatewayHandle
+    clock: Clock = attrs.field(factory=SystemClock)
+    events: Events = log_event
+
+
+async def dispatch_phase(services: PhaseServices, spec: PhaseSpec, case_id: str,
+                         request: DispatchRequest, *, package_id: str | None = None,
+                         ) -> DispatchResult:
+    """One dispatch of ``spec`` for ``case_id``: as far as the phase can go now."""
+    try:
+        with services.store.lease(case_id):
+            return await _Dispatch(services, spec, case_id, request, package_id).run()
+    except CaseLocked as exc:
+        ref = await services.store.case(case_id)
+        result = DispatchResult(case_id, ref.package_id, ref.phase, DEFERRED, "locked",
+                                exc.message, ref.analysis_revision, ref.generation,
+                                request.attempt_id)
+        _emit(services, result)
+        return result
+
+
+class _Dispatch:
+    def __init__(self, services: PhaseServices, spec: PhaseSpec, case_id: str,
+                 request: DispatchRequest, package_id: str | None):
+        self.s, self.spec, self.case_id = services, spec, case_id
+        self.request, self.package_id = request, package_id
+        self.fresh_intent: tuple[int, str] | None = None  # an intent just made durable
+
+    async def run(self) -> DispatchResult:
+        for _ in range(MAX_STEPS):
+            ref, snap = await self.s.store.head(self.case_id)
+            if self.package_id is not None and snap.manifest.package_id != self.package_id:
+                raise PhaseRefused(f"case {self.case_id!r} is package "
+                                   f"{snap.manifest.package_id}, not {self.package_id}",
+                                   reason="package_mismatch",
+                                   hint="Pass the package_id from the case's manifest "
+                                        "('viano show CASE').")
+            view = _view(snap)
+            state = await trio.to_thread.run_sync(load_state, self.spec, view, ref.status,
+                                                  self.request)
+            step = decide(state, self.request, self.s.clock.now())
+            try:
+                if isinstance(step, Finish):
+                    return self._result(snap, step.status, step.reason, step.message,
+                                        step.round, step.max_rounds, step.due_at)
+                if isinstance(step, Enter):
+                    done = await self._enter(snap, view)
+                elif isinstance(step, RunRound):
+                    done = await self._round(snap, view, step)
+                else:
+                    done = await self._judge(snap, view, step)
+            except StaleGeneration as exc:
+                return self._result(snap, DEFERRED, "stale_generation",
+                                    f"another writer moved the case: {exc.message}")
+            if done is not None:
+                return done
+        raise VianoError(f"the dispatch of {self.case_id!r} did not settle in {MAX_STEPS} "
+                         "steps")
+
+    async def _enter(self, snap: Snapshot, view: PackageView) -> DispatchResult | None:
+        made = await trio.to_thread.run_sync(enter_change, self.spec, view, self.request)
+        if isinstance(made, Refusal):
+            return self._result(snap, made.status, made.reason, made.message)
+        change, status = made
+        after = await snap.publish(change, status)
+        self.fresh_intent = (1, self.request.attempt_id)
+        self._step(after, "enter", status)
+        return None
+
+    async def _round(self, snap: Snapshot, view: PackageView, step: RunRound
+                     ) -> DispatchResult | None:
+        calls = step.calls_started
+        if self.fresh_intent == (step.round, step.attempt_id):
+            calls = 1  # the enter generation recorded this call's intent
+        else:
+            await snap.set_status(running(self.spec, step.round, step.attempt_id, calls))
+        self.fresh_intent = None
+        step = attrs.evolve(step, calls_started=calls)
+        prompt = await trio.to_thread.run_sync(prompt_for, self.spec, view)
+        policy = self.spec.policy(self.request)
+        started = utc_now_iso()
+        outcome = await self.s.gateway.round(RoundRequest(
+            prompt, max_output_bytes=self.spec.max_output_bytes(policy)))
+        record = await trio.to_thread.run_sync(lambda: round_change(
+            self.spec, view, step, outcome, self.request, now=self.s.clock.now(),
+            started_at=started))
+        after = await snap.publish(record.change, record.status)
+        self._step(after, "round", record.status)
+        if record.result_status == COMPLETED:
+            return None  # checkpointed: judge it next
+        return self._result(after, record.result_status, record.reason, record.message,
+                            step.round, self.request.retry.max_rounds, record.due_at)
+
+    async def _judge(self, snap: Snapshot, view: PackageView, step: Judge) -> DispatchResult:
+        verdict = await trio.to_thread.run_sync(judge_change, self.spec, view, step,
+                                                self.request)
+        after = await snap.publish(verdict.change, verdict.status)
+        self._step(after, "accept" if verdict.result_status == COMPLETED else "reject",
+                   verdict.status)
+        return self._result(after, verdict.result_status, verdict.reason, verdict.message,
+                            step.round.round, self.request.retry.max_rounds)
+
+    def _result(self, snap: Snapshot, status: str, reason: str | None, message: str,
+                round_no: int | None = None, max_rounds: int | None = None,
+                due_at: float | None = None) -> DispatchResult:
+        m = snap.manifest
+        result = DispatchResult(m.case_id, m.package_id, self.spec.phase, status, reason,
+                                message, m.analysis_revision, m.package_generation,
+                                self.request.attempt_id, round_no, max_rounds, due_at)
+        _emit(self.s, result)
+        return result
+
+    def _step(self, snap: Snapshot, step: str, status: CaseStatus) -> None:
+        m = snap.manifest
+        self.s.events({"event": "step", "case_id": m.case_id, "phase": self.spec.phase,
+                       "analysis_revision": m.analysis_revision,
+                       "package_generation": m.package_generation, "step": step,
+                       "status": status.status, "reason": status.reason,
+                       "round": status.round})
+
+
+def _view(snap: Snapshot) -> PackageView:
+    store = snap.handle.store
+    return PackageView(snap.manifest, store.read_blob, store.open_blob)
+
+
+def _emit(services: PhaseServices, result: DispatchResult) -> None:
+    services.events({"event": "result", **result.to_json()})
+
+
+async def case_operation(store: StoreHandle, case_id: str,
+                         make: Callable[[PackageView], tuple[Change, CaseStatus] | None],
+                         ) -> Snapshot | None:
+    """A case operation (confirm, reopen, unblock) under the case's lease: ``make`` builds
+    the change from the head (on a worker thread), and it is published on top of exactly
+    that head. ``None`` when there is nothing to do."""
+    with store.lease(case_id):
+        _ref, snap = await store.head(case_id)
+        made = await trio.to_thread.run_sync(make, _view(snap))
+        if made is None:
+            return None
+        change, status = made
+        return await snap.publish(change, status)
+

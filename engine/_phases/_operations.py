@@ -1,0 +1,92 @@
+"""Case operations a person (or a policy) performs between dispatches: confirm an
+interpretation, reopen a case in a new analysis revision, unblock a phase whose rounds are
+exhausted. Each is one generation, refused (``PhaseRefused``, nothing written) when the
+durable state does not allow it."""
+
+from __future__ import annotations
+
+import re
+
+from .._canonical import artifact_json, utc_now_iso
+from .._errors import PhaseRefused, UsageError
+from .._store import BytesSource, CaseStatus, Change
+from ._interpretation import PHASE as INTERPRETATION_PHASE
+from ._interpretation import artifact_paths, confirmation_bytes, interpretation_problems
+from ._protocol import parse_rounds, phase_dir
+from ._runner import PhaseSpec
+from ._view import PackageView
+
+REOPENED = "REOPENED"
+_NAME = re.compile(r"[^\x00-\x1f\x7f-\x9f]{1,128}")
+
+
+def person(name: str, what: str = "--by") -> str:
+    """A name recorded in an artifact: 1-128 printable characters, not blank."""
+    if not name.strip() or _NAME.fullmatch(name) is None:
+        raise UsageError(f"{what} must be 1-128 printable characters, not blank")
+    return name
+
+
+def confirm_change(view: PackageView, by: str) -> tuple[Change, CaseStatus] | None:
+    """Confirm the current revision's accepted interpretation, binding its hash; ``None``
+    if it is confirmed already (confirming again changes nothing)."""
+    rev = view.manifest.analysis_revision
+    p = artifact_paths(rev)
+    if not view.has(p["interpretation"]):
+        raise PhaseRefused(f"revision {rev} of case {view.manifest.case_id!r} has no accepted "
+                           "interpretation to confirm", reason="no_interpretation",
+                           hint=f"Run 'viano interpret {view.manifest.case_id}' first.")
+    problems = interpretation_problems(view, rev)
+    if problems:
+        raise PhaseRefused(f"the interpretation of revision {rev} does not verify: "
+                           f"{'; '.join(problems)}", reason="interpretation_mismatch",
+                           hint="Run 'viano verify' on the case.")
+    if view.has(p["confirmation"]):
+        return None
+    sha = view.sha(p["interpretation"])
+    assert sha is not None
+    change = Change(files={p["confirmation"]: BytesSource.of(
+        confirmation_bytes(rev, p["interpretation"], sha, person(by)))},
+        pointers={"interpretation_confirmation": p["confirmation"]})
+    return change, CaseStatus(status="READY", phase=view.manifest.phase, reason="confirmed")
+
+
+def reopen_change(view: PackageView, reason: str, by: str) -> tuple[Change, CaseStatus]:
+    """A new analysis revision: everything earlier stays, byte for byte; the new revision
+    needs its own interpretation and confirmation, and gets fresh budgets."""
+    if not reason.strip() or len(reason) > 4096:
+        raise UsageError("--reason must be a non-blank text of at most 4096 characters")
+    m = view.manifest
+    new = m.analysis_revision + 1
+    path = f"analysis/revisions/{new:04d}.json"
+    doc = {"format": "viano-revision/1", "analysis_revision": new,
+           "previous_revision": m.analysis_revision, "previous_phase": m.phase,
+           "reason": reason, "reopened_by": person(by), "reopened_at": utc_now_iso()}
+    change = Change(files={path: BytesSource.of(artifact_json(doc))},
+                    pointers={"revision": path}, phase=REOPENED, analysis_revision=new)
+    return change, CaseStatus(status="READY", phase=REOPENED, reason="reopened")
+
+
+def unblock_change(view: PackageView, spec: PhaseSpec, by: str) -> tuple[Change, CaseStatus]:
+    """After BLOCKED rounds_exhausted: allow a new series of rounds, recorded (who, when,
+    after which series)."""
+    m = view.manifest
+    base = phase_dir(spec.key, m.analysis_revision)
+    series, rounds, _ = parse_rounds(sorted(m.paths_under(base)), base)
+    last = view.read_object(rounds[-1].path) if rounds else {}
+    retry = last.get("retry") if isinstance(last, dict) else None
+    if not (isinstance(retry, dict) and retry.get("blocked") is True):
+        raise PhaseRefused(f"case {m.case_id!r} is not blocked in {spec.phase}",
+                           reason="not_blocked",
+                           hint="Only a phase whose rounds are exhausted can be unblocked.")
+    path = f"{base}unblocks/{series + 1:04d}.json"
+    doc = {"format": "viano-unblock/1", "phase": spec.phase,
+           "analysis_revision": m.analysis_revision, "series": series + 1,
+           "after_series": series, "after_rounds": len(rounds),
+           "unblocked_by": person(by), "unblocked_at": utc_now_iso()}
+    change = Change(files={path: BytesSource.of(artifact_json(doc))})
+    return change, CaseStatus(status="READY", phase=spec.phase, reason="unblocked")
+
+
+__all__ = ["INTERPRETATION_PHASE", "REOPENED", "confirm_change", "person", "reopen_change",
+           "unblock_change"]

@@ -1,0 +1,1 @@
+"""Versioned prompt texts (a package only so that they install with Viano)."""

@@ -1,0 +1,350 @@
+"""More classes of hostile use, each of which once ended in lost data with exit 0 or in an
+internal error: numbers too large to be numbers, inputs swapped mid-read, blob files that
+are not files, damaged bytes served as good, foreign indexes, verify racing writers,
+unusable export destinations, non-UTF-8 store paths, exports of large archives, and JSON
+output of non-UTF-8 names."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import zipfile
+from pathlib import Path
+
+import pytest
+import trio
+
+from actors import open_store
+from engine import (
+    Attachment,
+    InputRejected,
+    IntakeLimits,
+    StorageError,
+    prepare_intake,
+    read_export,
+    verify_store,
+)
+from tests.conftest import PYTHON, Cli, child_env, run_viano, snapshot, unprivileged
+from tests.store_helpers import create, open_ro, open_rw, sql
+
+
+def _report(tmp: Path, text: str = '{"title": "t", "body": "b"}') -> Path:
+    p = tmp / "report.json"
+    p.write_text(text)
+    return p
+
+
+def _big_case(cli: Cli, tmp: Path, store: Path, case_id: str = "BIG-1") -> str:
+    """A case with a 400 KB attachment (a blob file); returns that blob's sha256."""
+    big = tmp / "big.bin"
+    big.write_bytes(os.urandom(400_000))
+    r = cli("intake", "--json", "--store", store, "--report", _report(tmp), "--attach", big,
+            "--case-id", case_id)
+    assert r.code == 0, r.err
+    return str(r.json["catalogue"]["sources"][1]["sha256"])  # type: ignore[index]
+
+
+class TestNumbersTooLarge:
+    def test_in_a_report(self, cli: Cli, tmp_path: Path, store_dir: Path) -> None:
+        for number in ("1" * 5000, "1e400", "-" + "9" * 50):
+            r = cli("intake", "--json", "--store", store_dir, "--report",
+                    _report(tmp_path, '{"title": "t", "body": "b", "x": ' + number + "}"))
+            assert r.code == 2 and r.json["error"]["reason"] == "invalid_report", r.out  # type: ignore[index]
+
+    def test_in_a_stored_manifest(self, cli: Cli, sample: Path, store_dir: Path) -> None:
+        """A manifest with a 5000-digit revision written behind the store's back: verify
+        reports it, show refuses it; neither is an internal error."""
+        assert cli("intake", "--store", store_dir, "--report", sample / "report.json").code == 0
+        sql(store_dir, "UPDATE generations SET manifest = CAST(REPLACE(CAST(manifest AS TEXT), "
+                       "'\"analysis_revision\":1', '\"analysis_revision\":" + "1" * 5000 +
+            "') AS BLOB)")
+        r = cli("verify", "--json", "--store", store_dir)
+        assert r.code == 1 and r.json["cases_affected"] == ["BUG-20"]  # type: ignore[index]
+        r = cli("show", "--json", "--store", store_dir, "BUG-20")
+        assert r.json["error"]["reason"] == "store_corrupt"  # type: ignore[index]
+
+
+class TestInputsSwappedMidRead:
+    def test_an_archive_renamed_over_during_its_scan(self, tmp_path: Path, sample: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+        """Another archive renamed over the attachment while it is scanned: the catalogue
+        describes what was scanned, and the publication of anything else is refused."""
+        import engine._intake._intake as intake
+
+        diag = tmp_path / "diag.zip"
+        shutil.copy(sample / "wowdiag.zip", diag)
+        other = tmp_path / "other.zip"
+        with zipfile.ZipFile(other, "w") as zf:
+            zf.writestr("evil/one.txt", b"not what was catalogued")
+        real = intake.scan_open_archive
+
+        def swapping(*a, **kw):  # type: ignore[no-untyped-def]
+            found = real(*a, **kw)
+            os.replace(other, diag)  # the swap lands after the scan
+            return found
+
+        monkeypatch.setattr(intake, "scan_open_archive", swapping)
+        plan = prepare_intake(_report(tmp_path), [Attachment("diagnostics", diag)],
+                              case_id="SW-1", limits=IntakeLimits())
+        members = [s["origin"].get("member") for s in plan.catalogue["sources"][1:]]
+        assert "Logs/lua-errors.log" in members  # the scan saw the original
+
+        async def go() -> None:
+            async with open_store(tmp_path / "s") as store:
+                await store.intake(plan)
+
+        with pytest.raises(InputRejected) as info:
+            trio.run(go)
+        assert info.value.reason == "input_changed"
+
+    @pytest.mark.parametrize("replacement", ["junk", "truncated", "deleted"])
+    def test_an_export_replaced_before_its_commit(self, cli: Cli, sample: Path,
+                                                  tmp_path: Path, replacement: str) -> None:
+        """An export replaced after validation is input_changed for that import, never an
+        internal error, and nothing is written."""
+        a = tmp_path / "a"
+        _big_case(cli, tmp_path, a)
+        exported = tmp_path / "x.zip"
+        assert cli("export", "--store", a, "BIG-1", exported).code == 0
+        request = read_export(exported, IntakeLimits())
+        if replacement == "junk":
+            exported.write_bytes(b"\x00" * 1000)
+        elif replacement == "truncated":
+            exported.write_bytes(exported.read_bytes()[:5000])
+        else:
+            exported.unlink()
+
+        async def go() -> None:
+            async with open_store(tmp_path / "b") as store:
+                await store.import_package(request)
+
+        with pytest.raises(InputRejected) as info:
+            trio.run(go)
+        assert info.value.reason in ("input_changed", "unreadable_input")
+        check = open_ro(tmp_path / "b")
+        assert check.list_cases() == []
+        check.close()
+
+
+class TestBlobFilesThatAreNotFiles:
+    @pytest.mark.parametrize("kind", ["directory", "fifo", "symlink loop", "dangling symlink"])
+    def test_verify_cat_and_export_refuse(self, cli: Cli, tmp_path: Path, store_dir: Path,
+                                          kind: str) -> None:
+        sha = _big_case(cli, tmp_path, store_dir)
+        path = store_dir / "blobs" / "sha256" / sha[:2] / sha
+        path.unlink()
+        if kind == "directory":
+            path.mkdir()
+        elif kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "symlink loop":
+            path.symlink_to(path)
+        else:
+            path.symlink_to(tmp_path / "nowhere")
+        # A FIFO would block a reader forever: run as processes, each bounded.
+        r = run_viano("verify", "--json", "--store", store_dir, timeout=60)
+        assert r.returncode == 1, r.stdout + r.stderr
+        doc = json.loads(r.stdout)
+        assert doc["cases_affected"] == ["BIG-1"], doc
+        for args in (["cat", "BIG-1", "inputs/big.bin"],
+                     ["export", "BIG-1", str(tmp_path / "out.zip")]):
+            r = run_viano(*args, "--json", "--store", store_dir, timeout=60)
+            assert r.returncode == 1, (args, r.stdout)
+            assert json.loads(r.stdout)["error"]["reason"] in ("store_corrupt",
+                                                               "store_unavailable")
+        assert not (tmp_path / "out.zip").exists()
+
+
+class TestDamagedBytesAreNeverServed:
+    @pytest.mark.parametrize("where", ["inline row", "blob file"])
+    def test_cat_and_export_refuse_damaged_blobs(self, cli: Cli, tmp_path: Path,
+                                                 store_dir: Path, where: str) -> None:
+        """A blob whose bytes no longer match its name: cat writes none of them and exits
+        1 (store_corrupt); export leaves no file; the report input is untouched."""
+        sha = _big_case(cli, tmp_path, store_dir)
+        if where == "blob file":
+            path = store_dir / "blobs" / "sha256" / sha[:2] / sha
+            data = bytearray(path.read_bytes())
+            data[12345] ^= 1
+            path.write_bytes(bytes(data))
+            target = "inputs/big.bin"
+        else:
+            m = json.loads(cli("show", "--json", "--store", store_dir, "BIG-1").out)
+            inline = m["files"]["inputs/report.json"]["sha256"]
+            sql(store_dir, "UPDATE blobs SET data = CAST('{\"title\": \"x\"}' AS BLOB) "
+                           "WHERE sha256 = ?", bytes.fromhex(inline))
+            target = "inputs/report.json"
+        r = cli("cat", "--store", store_dir, "BIG-1", target)
+        assert r.code == 1 and r.out == "", r.out[:80]
+        assert "store_corrupt" in r.err
+        r = cli("export", "--json", "--store", store_dir, "BIG-1", tmp_path / "o.zip")
+        assert r.code == 1 and r.json["error"]["reason"] == "store_corrupt"  # type: ignore[index]
+        assert not (tmp_path / "o.zip").exists()
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith(".viano-export")]
+
+
+class TestForeignIndexes:
+    def test_a_copied_index_or_a_missing_id_is_refused_by_everything(
+            self, cli: Cli, tmp_path: Path, sample: Path) -> None:
+        a, b = tmp_path / "a", tmp_path / "b"
+        assert cli("intake", "--store", a, "--report", sample / "report.json").code == 0
+        _big_case(cli, tmp_path, b)
+        shutil.copy(a / "store.sqlite3", b / "store.sqlite3")
+        for suffix in ("-wal", "-shm"):
+            Path(f"{b}/store.sqlite3{suffix}").unlink(missing_ok=True)
+        before = snapshot(b)
+        for args in (["verify"], ["gc", "--min-age", "0"],
+                     ["intake", "--report", sample / "report.json", "--case-id", "N-1"]):
+            r = cli(*args, "--json", "--store", b)
+            assert r.json["error"]["reason"] == "store_corrupt", (args, r.out)  # type: ignore[index]
+        assert snapshot(b) == before
+        (b / "store-id").unlink()
+        for args in (["verify"], ["gc", "--min-age", "0"],
+                     ["intake", "--report", sample / "report.json", "--case-id", "N-1"]):
+            r = cli(*args, "--json", "--store", b)
+            assert r.json["error"]["reason"] == "store_corrupt", (args, r.out)  # type: ignore[index]
+        assert not (b / "store-id").exists()
+
+
+class TestVerifyRacingWriters:
+    def test_verify_sees_one_committed_state(self, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+        """A case committed by another writer between verify's reads (here: between listing
+        the cases and listing the packages) is not half seen as a package with no ref."""
+        root = tmp_path / "s"
+        writer = open_rw(root)
+        writer.commit_batch([create("A-1")])
+        reader = open_ro(root)
+        real = reader.package_ids
+        done = threading.Event()
+
+        def racing() -> list[str]:
+            if not done.is_set():
+                t = threading.Thread(target=lambda: writer.commit_batch([create("B-1")]))
+                t.start()
+                t.join()
+                done.set()
+            return real()
+
+        monkeypatch.setattr(reader, "package_ids", racing)
+        report = verify_store(reader)
+        assert report.ok, report.violations
+        assert report.cases == 1  # B-1 is after verify's snapshot
+        assert done.is_set()
+        assert verify_store(open_ro(root)).cases == 2
+        writer.close()
+        reader.close()
+
+
+class TestExportDestinationsTheSystemRefuses:
+    @pytest.mark.parametrize("dest", ["long name", "/proc/x.zip", "/sys/x.zip", "self link"])
+    def test_refused_not_crashed(self, cli: Cli, tmp_path: Path, sample: Path,
+                                 dest: str) -> None:
+        store = tmp_path / "s"
+        assert cli("intake", "--store", store, "--report", sample / "report.json").code == 0
+        target: Path
+        if dest == "long name":
+            target = tmp_path / ("x" * 300 + ".zip")
+        elif dest == "self link":
+            target = tmp_path / "l.zip"
+            target.symlink_to(target)
+        else:
+            target = Path(dest)
+        r = cli("export", "--json", "--store", store, "BUG-20", target, "--force")
+        assert r.code == 2, r.out
+        assert r.json["error"]["reason"].startswith("destination_"), r.json  # type: ignore[index]
+
+    def test_a_name_near_the_limit_still_works(self, cli: Cli, tmp_path: Path,
+                                               sample: Path) -> None:
+        """The temporary file does not borrow the destination's name, so a 254-byte name
+        (the longest ext4 allows with '.zip') exports."""
+        store = tmp_path / "s"
+        assert cli("intake", "--store", store, "--report", sample / "report.json").code == 0
+        target = tmp_path / ("x" * 250 + ".zip")
+        assert cli("export", "--store", store, "BUG-20", target).code == 0
+        assert zipfile.is_zipfile(target)
+
+    @pytest.mark.skipif(unprivileged() is None, reason="needs setpriv to drop root's powers")
+    def test_a_folder_the_user_cannot_write(self, cli: Cli, tmp_path: Path,
+                                            sample: Path) -> None:
+        store = tmp_path / "s"
+        assert cli("intake", "--store", store, "--report", sample / "report.json").code == 0
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o555)
+        try:
+            r = run_viano("export", "--json", "--store", store, "BUG-20", locked / "a.zip",
+                          prefix=unprivileged())
+        finally:
+            locked.chmod(0o755)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert json.loads(r.stdout)["error"]["reason"] == "destination_invalid"
+
+
+class TestNonUtf8Paths:
+    def test_a_store_path_that_is_not_utf8_works(self, tmp_path: Path, sample: Path) -> None:
+        """A store folder whose name is not UTF-8: intake, status and verify work, and the
+        JSON documents are valid UTF-8 (the name appears escaped)."""
+        store = os.path.join(os.fsencode(tmp_path), b"st\xff")
+
+        def viano(*args: bytes) -> subprocess.CompletedProcess[bytes]:
+            return subprocess.run([os.fsencode(PYTHON), b"-c",
+                                   b"from viano_bug_analysis.cli import run; run()", *args,
+                                   b"--json", b"--store", store], capture_output=True,
+                                  env=child_env(), timeout=120, check=False)
+
+        r = viano(b"intake", b"--report", os.fsencode(sample / "report.json"))
+        assert r.returncode == 0, r.stderr
+        for args in ([b"status"], [b"verify"]):
+            r = viano(*args)
+            assert r.returncode == 0, r.stderr
+            json.loads(r.stdout.decode("utf-8"))  # strict UTF-8
+
+    def test_an_export_name_that_is_not_utf8_gives_valid_json(self, tmp_path: Path,
+                                                              sample: Path) -> None:
+        store = tmp_path / "s"
+        assert run_viano("intake", "--store", store, "--report",
+                         sample / "report.json").returncode == 0
+        bad = os.path.join(os.fsencode(tmp_path), b"no\xffdir", b"x.zip")
+        r = subprocess.run([os.fsencode(PYTHON), b"-c",
+                            b"from viano_bug_analysis.cli import run; run()", b"export",
+                            b"BUG-20", bad, b"--json", b"--store", os.fsencode(store)],
+                           capture_output=True, env=child_env(), timeout=120, check=False)
+        assert r.returncode == 2
+        doc = json.loads(r.stdout.decode("utf-8"))
+        assert doc["error"]["reason"] == "destination_invalid"
+
+
+class TestExportsOfLargeArchives:
+    def test_an_archive_over_max_member_bytes_round_trips(self, cli: Cli,
+                                                          tmp_path: Path) -> None:
+        """An archive may be up to max_total_bytes at intake (its members each up to
+        max_member_bytes), so one blob of an export may be that large too."""
+        cfg = tmp_path / "c.toml"
+        cfg.write_text("[intake.limits]\nmax_member_bytes = 100000\nmax_total_bytes = 400000\n")
+        diag = tmp_path / "diag.zip"
+        with zipfile.ZipFile(diag, "w", compression=zipfile.ZIP_STORED) as zf:
+            zf.writestr("a.bin", os.urandom(90_000))
+            zf.writestr("b.bin", os.urandom(90_000))
+        a, b = tmp_path / "a", tmp_path / "b"
+        assert cli("intake", "--config", cfg, "--store", a, "--report", _report(tmp_path),
+                   "--attach", f"diagnostics={diag}", "--case-id", "L-1").code == 0
+        assert cli("export", "--config", cfg, "--store", a, "L-1", tmp_path / "l.zip").code == 0
+        r = cli("import", "--config", cfg, "--store", b, tmp_path / "l.zip")
+        assert r.code == 0, r.err
+        assert cli("verify", "--store", b).code == 0
+
+
+class TestGcArguments:
+    @pytest.mark.parametrize("value", ["nan", "-5", "inf", "soon"])
+    def test_min_age_must_be_a_duration(self, cli: Cli, store_dir: Path, value: str) -> None:
+        r = cli("gc", "--json", "--store", store_dir, "--min-age", value)
+        assert r.code == 2 and r.json["error"]["reason"] == "usage_error"  # type: ignore[index]
+
+
+def test_storage_errors_are_viano_errors() -> None:
+    """(A guard for the classes above: every refusal they expect is in the tree.)"""
+    assert issubclass(StorageError, Exception)

@@ -41,6 +41,7 @@ from engine import (
     RunRound,
     StaleGeneration,
     VianoError,
+    crash_point,
     decide,
     enter_change,
     judge_change,
@@ -158,6 +159,7 @@ class _Dispatch:
             return self._result(snap, made.status, made.reason, made.message)
         change, status = made
         after = await snap.publish(change, status)
+        crash_point("phase.entered")
         self.fresh_intent = (1, self.request.attempt_id)
         self._step(after, "enter", status)
         return None
@@ -176,10 +178,12 @@ class _Dispatch:
         started = utc_now_iso()
         outcome = await self.s.gateway.round(RoundRequest(
             prompt, max_output_bytes=self.spec.max_output_bytes(policy)))
+        crash_point("phase.answered")
+        now = self.s.clock.now()
         record = await trio.to_thread.run_sync(lambda: round_change(
-            self.spec, view, step, outcome, self.request, now=self.s.clock.now(),
-            started_at=started))
+            self.spec, view, step, outcome, self.request, now=now, started_at=started))
         after = await snap.publish(record.change, record.status)
+        crash_point("phase.recorded")
         self._step(after, "round", record.status)
         if record.result_status == COMPLETED:
             return None  # checkpointed: judge it next
@@ -190,6 +194,7 @@ class _Dispatch:
         verdict = await trio.to_thread.run_sync(judge_change, self.spec, view, step,
                                                 self.request)
         after = await snap.publish(verdict.change, verdict.status)
+        crash_point("phase.judged")
         self._step(after, "accept" if verdict.result_status == COMPLETED else "reject",
                    verdict.status)
         return self._result(after, verdict.result_status, verdict.reason, verdict.message,

@@ -1,18 +1,25 @@
-"""Run the loopback provider server from the command line (benchmarks, manual runs):
+"""Run the loopback provider server from the command line (benchmarks, process tests):
 
     python -m tests.loopback [--port 8080] [--mode ok] [--delay-ms 50]
+        [--answers DIR] [--script MODE,MODE,...] [--log FILE]
 
-Prints ``listening <port>`` once ready, then serves until interrupted.
+``--answers DIR`` answers a request for prompt P with the content of ``DIR/P.json``;
+``--script`` takes the modes of the first requests in order (then ``--mode``); ``--log``
+appends one JSON line per request (mode, prompt id, case id, path), flushed at once, so a
+test can count the model calls made by processes it kills. Prints ``listening <port>``
+once ready, then serves until interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+from pathlib import Path
 
 import trio
 
-from .server import MODES, LoopbackServer
+from .server import MODES, LoopbackServer, Received
 
 
 def main() -> None:
@@ -21,11 +28,28 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--mode", default="ok", choices=MODES)
     ap.add_argument("--delay-ms", type=float, default=0.0)
+    ap.add_argument("--answers", metavar="DIR")
+    ap.add_argument("--script", default="")
+    ap.add_argument("--log", metavar="FILE")
     args = ap.parse_args()
 
+    server = LoopbackServer(default_mode=args.mode, delay_s=args.delay_ms / 1000)
+    server.record_requests = False
+    if args.script:
+        server.push(*args.script.split(","))
+    if args.answers:
+        for path in Path(args.answers).glob("*.json"):
+            server.answers[path.stem] = path.read_text()
+    if args.log:
+        log = open(args.log, "a", buffering=1)  # noqa: SIM115 - open for the server's life
+
+        def record(r: Received) -> None:
+            log.write(json.dumps({"mode": r.mode, "prompt_id": r.prompt_id,
+                                  "case_id": r.case_id, "path": r.path}) + "\n")
+
+        server.on_request = record
+
     async def run() -> None:
-        server = LoopbackServer(default_mode=args.mode, delay_s=args.delay_ms / 1000)
-        server.record_requests = False
         async with trio.open_nursery() as nursery:
             await nursery.start(server.serve, args.port)
             print(f"listening {server.port}", flush=True)

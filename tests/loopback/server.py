@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -46,6 +46,31 @@ class Received:
     path: str
     headers: dict[str, str]
     body: bytes
+    mode: str = "ok"
+
+    @property
+    def context(self) -> dict[str, Any]:
+        """The Viano context this request carried (the user message), if any."""
+        try:
+            doc = json.loads(self.body)
+            text = doc["messages"][-1]["content"]
+            value = json.loads(text)
+            return value if isinstance(value, dict) else {}
+        except (ValueError, KeyError, IndexError, TypeError):
+            return {}
+
+    @property
+    def prompt_id(self) -> str | None:
+        fmt = str(self.context.get("format", ""))
+        for prompt in ("interpretation_v1", "hypotheses_v1"):
+            if fmt.startswith(f"viano-{prompt.split('_')[0]}-context"):
+                return prompt
+        return None
+
+    @property
+    def case_id(self) -> str | None:
+        value = self.context.get("case_id")
+        return value if isinstance(value, str) else None
 
 
 class LoopbackServer:
@@ -61,6 +86,9 @@ class LoopbackServer:
         self.record_requests = True
         self.output_cut = 1024 * 1024  # where the gateway under test abandons a body
         self.release = trio.Event()     # lets "held" requests answer
+        self.content: str | None = None  # when set, the exact content of every ok answer
+        self.answers: dict[str, str] = {}  # prompt id -> content of an ok answer to it
+        self.on_request: Callable[[Received], None] | None = None
         self.held = 0
         self.port = 0
 
@@ -98,10 +126,14 @@ class LoopbackServer:
                 request, body = got
                 mode = self.script.popleft() if self.script else self.default_mode
                 headers = {k.decode().lower(): v.decode() for k, v in request.headers}
+                received = Received(request.method.decode(), request.target.decode(), headers,
+                                    body, mode)
                 if self.record_requests:
-                    self.requests.append(Received(request.method.decode(),
-                                                  request.target.decode(), headers, body))
-                if not await self._respond(conn, stream, mode, request.target.decode(), headers):
+                    self.requests.append(received)
+                if self.on_request is not None:
+                    self.on_request(received)
+                if not await self._respond(conn, stream, mode, request.target.decode(), headers,
+                                           received):
                     return
                 if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
                     return
@@ -113,13 +145,14 @@ class LoopbackServer:
                 await stream.aclose()
 
     async def _respond(self, conn: h11.Connection, stream: trio.SocketStream, mode: str,
-                       path: str, headers: dict[str, str]) -> bool:
+                       path: str, headers: dict[str, str], received: Received) -> bool:
         """Answer one request; False closes the connection."""
         if self.delay_s:
             await trio.sleep(self.delay_s)
         if mode == "held":  # answered as "ok" once the test sets release
             self.held += 1
             await self.release.wait()
+            mode = "ok"
         anthropic = path.split("?", 1)[0].endswith("/messages")
         if mode == "close":
             return False
@@ -141,7 +174,7 @@ class LoopbackServer:
         if mode == "malformed":
             await _send_raw(conn, stream, 200, b'{"choices": [ {"message": ')
             return True
-        body = _envelope(anthropic, self._content(mode))
+        body = _envelope(anthropic, self._content(mode, received.prompt_id))
         if mode == "truncated":
             conn_bytes = conn.send(h11.Response(status_code=200, headers=[
                 ("content-type", "application/json"), ("content-length", str(len(body)))]))
@@ -193,7 +226,11 @@ class LoopbackServer:
                 ("content-type", "text/plain"), ("content-length", str(len(body)))]))
             await stream.send_all((head or b"") + (conn.send(h11.Data(data=body)) or b""))
 
-    def _content(self, mode: str) -> str:
+    def _content(self, mode: str, prompt_id: str | None = None) -> str:
+        if mode == "ok" and prompt_id in self.answers:
+            return self.answers[prompt_id]
+        if self.content is not None and mode == "ok":
+            return self.content
         answer = self.answer
         if mode == "empty":
             return ""
@@ -223,7 +260,7 @@ def _envelope(anthropic: bool, content: str) -> bytes:
             "stop_sequence": None, "usage": {"input_tokens": 10, "output_tokens": 10}}
     else:
         doc = {"id": "chatcmpl-loopback", "object": "chat.completion",
-               "created": int(time.time()), "model": "loopback",
+               "created": 1_800_000_000, "model": "loopback",
                "choices": [{"index": 0, "message": {"role": "assistant", "content": content,
                                                     "refusal": None},
                             "finish_reason": "stop", "logprobs": None}],

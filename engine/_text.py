@@ -35,20 +35,34 @@ def terminal_safe(text: str, *, multiline: bool = False) -> str:
     return pattern.sub(_escape, text)
 
 
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~>=\"'&:@$%^])")
+# Characters that start markup anywhere in a line: code, emphasis, strike, links and
+# images, HTML and entities, tables, headings and issue references, mentions.
+_MD_SPECIAL = re.compile(r"([\\`*_~\[\]<>&|#@])")
+# What starts markup only at the beginning of a line: lists, quotes, setext headings.
+_MD_LINE_START = re.compile(r"^(\s*)(\d+)([.)])|^(\s*)([-+=>])")
+# Bare URLs that GitHub and Jira link on their own.
+_MD_AUTOLINK = re.compile(r"(?i)(://|www\.)")
+
+
+def _md_line(line: str) -> str:
+    line = _MD_SPECIAL.sub(r"\\\1", line)
+    line = _MD_AUTOLINK.sub(lambda m: m.group().replace(":", "\\:").replace(".", "\\."),
+                            line)
+    return _MD_LINE_START.sub(lambda m: (f"{m.group(1)}{m.group(2)}\\{m.group(3)}"
+                                         if m.group(2) else f"{m.group(4)}\\{m.group(5)}"),
+                              line)
 
 
 def markdown_inline(text: str) -> str:
     """One line of model text as inert Markdown: every markup character backslash-escaped,
     line breaks and control characters folded to visible escapes, ``@``/``#`` escaped so
-    that no mention or issue reference is created when posted to GitHub or Jira."""
-    flat = " ".join(terminal_safe(text, multiline=True).split())
-    return _MD_SPECIAL.sub(r"\\\1", flat)
+    that no mention or issue reference is created when posted to GitHub or Jira, and bare
+    URLs broken so that they are not linked."""
+    return _md_line(" ".join(terminal_safe(text, multiline=True).split()))
 
 
 def markdown_block(text: str) -> str:
     """A paragraph of model text, escaped like :func:`markdown_inline` line by line; blank
     lines are kept as paragraph breaks."""
     lines = terminal_safe(text, multiline=True).replace("\t", " ").splitlines()
-    out = [_MD_SPECIAL.sub(r"\\\1", " ".join(line.split())) for line in lines]
-    return "\n".join(out).strip("\n")
+    return "\n".join(_md_line(" ".join(line.split())) for line in lines).strip("\n")

@@ -104,11 +104,16 @@ class TestReadCommands:
 
 class TestConsoleScript:
     def test_demo_through_the_installed_entry_point(self, tmp_path: Path) -> None:
-        """`python -m`-free: the console script runs the bundled demo end to end."""
+        """The console script runs the bundled demo end to end: every phase COMPLETED,
+        verify clean, and the interpretation summary shown; it leaves nothing behind."""
         proc = subprocess.run([PYTHON, "-c", "from viano_bug_analysis.cli import run; run()",
                                "demo", "--json"], capture_output=True, text=True,
                               env=child_env(), cwd=tmp_path, timeout=120, check=False)
         assert proc.returncode == 0, proc.stderr
         doc = json.loads(proc.stdout)
-        assert doc["case_id"] == "BUG-20" and doc["verify"]["ok"] is True
-        assert len(doc["catalogue"]["sources"]) == 13
+        assert doc["verify"]["ok"] is True
+        assert [r["status"] for r in doc["results"]] == ["COMPLETED"] * len(doc["results"])
+        assert doc["results"][0]["case_id"] == "BUG-20"
+        assert "# Case interpretation: BUG-20, revision 1" in doc["interpretation_summary"]
+        assert "first known divergence" in doc["interpretation_summary"]
+        assert list(tmp_path.iterdir()) == []

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,19 +11,15 @@ import trio
 
 from actors import open_store
 from engine import (
-    PHASE_CHECKS,
     Attachment,
     Config,
     IntakePlan,
     Published,
-    VianoError,
-    open_backend,
     prepare_intake,
-    verify_store,
 )
 
-from .._sample import bundled_sample
 from ._context import store_location
+from ._demo import cmd_demo
 from ._output import Output
 from ._phase_commands import cmd_confirm, cmd_interpret, cmd_reopen, cmd_unblock
 from ._store_commands import (
@@ -82,34 +77,6 @@ def _origin(origin: dict[str, str]) -> str:
     if "pointer" in origin:
         return f"{origin['input']}#{origin['pointer']}"
     return origin["input"]
-
-
-def cmd_demo(args: argparse.Namespace, out: Output, config: Config) -> int:
-    sample = bundled_sample()
-    with tempfile.TemporaryDirectory(prefix="viano-demo-") as tmp:
-        root = str(Path(tmp) / "store")
-        plan = prepare_intake(sample / "report.json",
-                              [Attachment("diagnostics", sample / "wowdiag.zip"),
-                               Attachment("source", sample / "wowsrc.zip")],
-                              case_id=None, limits=config.intake.limits)
-        published = trio.run(_publish_intake, root, plan)
-        store = open_backend(root, write=False)
-        try:
-            report = verify_store(store, checks=PHASE_CHECKS)
-        finally:
-            store.close()
-        if not report.ok:
-            raise VianoError(f"demo store failed verification: {report.violations}")
-        if out.as_json:
-            out.document({"case_id": published.case_id, "package_generation":
-                          published.generation, "catalogue": plan.catalogue,
-                          "verify": report.to_json()})
-            return 0
-        out.line("Viano demo: intake of the bundled sample case")
-        _print_intake(out, plan, published)
-        out.line(f"verify: ok ({report.generations} generation, "
-                 f"{report.blobs_checked} blobs rehashed)")
-    return 0
 
 
 COMMANDS: dict[str, Command] = {

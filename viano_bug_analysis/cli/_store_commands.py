@@ -22,8 +22,11 @@ from engine import (
     NotFound,
     Published,
     Store,
+    UntrustedJson,
+    VianoError,
     collect_garbage,
     export_package,
+    loads_untrusted,
     read_export,
     verify_store,
 )
@@ -144,9 +147,54 @@ def generation_history(store: Store, ref: CaseRef) -> list[dict[str, Any]]:
             pointers_set=sorted(k for k, v in m.pointers.items()
                                 if before_pointers.get(k) != v),
             pointers_removed=sorted(set(before_pointers) - set(m.pointers)))
+        entry["events"] = _phase_events(store, m, entry["added"])
         history.append(entry)
         previous = m
     return history
+
+
+def _phase_events(store: Store, m: Manifest, added: list[str]) -> list[str]:
+    """What a generation did in the phases, in words: rounds (who answered, or why none
+    did), rejections, acceptances, confirmations, unblocks and reopenings."""
+    out = []
+    for path in added:
+        name = path.rsplit("/", 1)[-1]
+        try:
+            if "/rounds/" in path:
+                doc = loads_untrusted(store.read_blob(m.files[path].sha256))
+                out.append(_round_words(doc))
+            elif "/errors/" in path:
+                doc = loads_untrusted(store.read_blob(m.files[path].sha256))
+                first = doc["errors"][0]
+                out.append(f"attempt {doc['attempt_id']!r} rejected: {len(doc['errors'])} "
+                           f"problem(s), first {first['rule']} at '{first['pointer'] or '/'}'")
+            elif name == "confirmation.json":
+                doc = loads_untrusted(store.read_blob(m.files[path].sha256))
+                out.append(f"interpretation confirmed by {doc['confirmed_by']}")
+            elif name in ("interpretation.json", "hypotheses.json"):
+                out.append(f"{name.split('.')[0]} accepted")
+            elif "/unblocks/" in path:
+                doc = loads_untrusted(store.read_blob(m.files[path].sha256))
+                out.append(f"unblocked by {doc['unblocked_by']} (series {doc['series']})")
+            elif path.startswith("analysis/revisions/"):
+                doc = loads_untrusted(store.read_blob(m.files[path].sha256))
+                out.append(f"reopened as revision {doc['analysis_revision']}: "
+                           f"{doc['reason']}")
+        except (VianoError, UntrustedJson, KeyError, TypeError, IndexError):
+            out.append(f"{path}: unreadable")
+    return out
+
+
+def _round_words(doc: dict[str, Any]) -> str:
+    head = f"round {doc['series']}.{doc['round']} (attempt {doc['attempt_id']!r})"
+    if doc["outcome"] == "answer":
+        return f"{head}: answer from {doc['provider']}"
+    tried: dict[str, list[str]] = {}
+    for a in doc["attempts"]:
+        tried.setdefault(a["provider"], []).append(a["detail"])
+    why = "; ".join(f"{p}: {', '.join(d)}" for p, d in tried.items()) or "no provider"
+    due = (doc.get("retry") or {}).get("due_at")
+    return f"{head}: {doc['outcome']} ({why})" + (f", next due {due}" if due else "")
 
 
 def cmd_log(args: argparse.Namespace, out: Output, config: Config) -> int:
@@ -167,7 +215,7 @@ def cmd_log(args: argparse.Namespace, out: Output, config: Config) -> int:
 def _describe(h: dict[str, Any]) -> str:
     if "damaged" in h:
         return f"DAMAGED: {h['damaged']}"
-    parts = []
+    parts = list(h.get("events") or [])
     for key, label in (("removed", "REMOVED"), ("pointers_removed", "REMOVED pointers"),
                        ("added", "added"), ("replaced", "replaced"),
                        ("pointers_set", "pointers")):

@@ -78,6 +78,8 @@ from ._phases import BLOCKED as BLOCKED
 from ._phases import COMPLETED as COMPLETED
 from ._phases import DEFERRED as DEFERRED
 from ._phases import ERROR as ERROR
+from ._phases import HYPOTHESES as HYPOTHESES
+from ._phases import HYPOTHESES_PHASE as HYPOTHESES_PHASE
 from ._phases import INTERPRETATION as INTERPRETATION
 from ._phases import INTERPRETATION_PHASE as INTERPRETATION_PHASE
 from ._phases import PHASE_CHECKS as PHASE_CHECKS
@@ -99,16 +101,20 @@ from ._phases import Refusal as Refusal
 from ._phases import RunRound as RunRound
 from ._phases import Step as Step
 from ._phases import attempt_hash as attempt_hash
+from ._phases import batch_problems as batch_problems
 from ._phases import confirm_change as confirm_change
 from ._phases import decide as decide
 from ._phases import due_delay as due_delay
 from ._phases import enter_change as enter_change
+from ._phases import hypotheses_paths as hypotheses_paths
+from ._phases import hypothesis_policy as hypothesis_policy
 from ._phases import interpretation_paths as interpretation_paths
 from ._phases import interpretation_policy as interpretation_policy
 from ._phases import interpretation_problems as interpretation_problems
 from ._phases import judge_change as judge_change
 from ._phases import load_prompt as load_prompt
 from ._phases import load_state as load_state
+from ._phases import normalized as normalized
 from ._phases import person as person
 from ._phases import phase_dir as phase_dir
 from ._phases import prompt_for as prompt_for
@@ -116,6 +122,7 @@ from ._phases import reopen_change as reopen_change
 from ._phases import round_change as round_change
 from ._phases import running as running
 from ._phases import unblock_change as unblock_change
+from ._phases import validate_hypotheses as validate_hypotheses
 from ._phases import validate_interpretation as validate_interpretation
 from ._portable import ExportSummary as ExportSummary
 from ._portable import check_destination as check_destination

@@ -44,25 +44,29 @@ _MD_LINE_START = re.compile(r"^(\s*)(\d+)([.)])|^(\s*)([-+=>])")
 _MD_AUTOLINK = re.compile(r"(?i)(://|www\.)")
 
 
-def _md_line(line: str) -> str:
+def _md_line(line: str, *, starts_line: bool) -> str:
     line = _MD_SPECIAL.sub(r"\\\1", line)
     line = _MD_AUTOLINK.sub(lambda m: m.group().replace(":", "\\:").replace(".", "\\."),
                             line)
+    if not starts_line:
+        return line
     return _MD_LINE_START.sub(lambda m: (f"{m.group(1)}{m.group(2)}\\{m.group(3)}"
                                          if m.group(2) else f"{m.group(4)}\\{m.group(5)}"),
                               line)
 
 
 def markdown_inline(text: str) -> str:
-    """One line of model text as inert Markdown: every markup character backslash-escaped,
-    line breaks and control characters folded to visible escapes, ``@``/``#`` escaped so
-    that no mention or issue reference is created when posted to GitHub or Jira, and bare
-    URLs broken so that they are not linked."""
-    return _md_line(" ".join(terminal_safe(text, multiline=True).split()))
+    """One line of model text as inert Markdown, for use after a prefix on a line (a list
+    marker, a label): every markup character backslash-escaped, line breaks and control
+    characters folded to visible escapes, ``@``/``#`` escaped so that no mention or issue
+    reference is created when posted to GitHub or Jira, and bare URLs broken so that they
+    are not linked."""
+    return _md_line(" ".join(terminal_safe(text, multiline=True).split()), starts_line=False)
 
 
 def markdown_block(text: str) -> str:
     """A paragraph of model text, escaped like :func:`markdown_inline` line by line; blank
     lines are kept as paragraph breaks."""
     lines = terminal_safe(text, multiline=True).replace("\t", " ").splitlines()
-    return "\n".join(_md_line(" ".join(line.split())) for line in lines).strip("\n")
+    return "\n".join(_md_line(" ".join(line.split()), starts_line=True)
+                     for line in lines).strip("\n")

@@ -117,3 +117,51 @@ class TestConsoleScript:
         assert "# Case interpretation: BUG-20, revision 1" in doc["interpretation_summary"]
         assert "first known divergence" in doc["interpretation_summary"]
         assert list(tmp_path.iterdir()) == []
+
+
+class TestPhaseCommands:
+    def test_interpret_confirm_hypothesize_with_the_fixture_provider(
+            self, cli: Cli, sample: Path, tmp_path: Path) -> None:
+        """The whole path through the CLI, with the contract's exit codes and results."""
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(f'[[providers]]\nname = "fx"\nkind = "fixture"\n'
+                       f'path = "{sample / "fixtures"}"\n')
+        store = tmp_path / "s"
+        assert cli("intake", "--store", store, "--report", sample / "report.json", "--attach",
+                   f"diagnostics={sample / 'wowdiag.zip'}").code == 0
+        early = cli("hypothesize", "BUG-20", "--json", "--store", store, "--config", cfg)
+        assert early.code == 13
+        assert early.json["reason"] == "interpretation_not_confirmed"  # type: ignore[index]
+        r = cli("interpret", "BUG-20", "--json", "--store", store, "--config", cfg)
+        assert r.code == 0 and r.json["reason"] == "awaiting_confirmation"  # type: ignore[index]
+        assert cli("confirm", "BUG-20", "--by", "qa", "--store", store).code == 0
+        r = cli("hypothesize", "BUG-20", "--json", "--store", store, "--config", cfg)
+        assert r.code == 0, r.out
+        doc = r.json
+        assert isinstance(doc, dict)
+        assert set(doc) == {"case_id", "package_id", "phase", "status", "reason", "message",
+                            "analysis_revision", "package_generation", "attempt_id", "round",
+                            "max_rounds", "due_at"}
+        assert (doc["phase"], doc["status"]) == ("GENERATING_HYPOTHESES", "COMPLETED")
+        status = cli("status", "--json", "--store", store).json
+        assert status[0]["phase"] == "GENERATING_HYPOTHESES"  # type: ignore[index]
+        assert cli("verify", "--store", store).code == 0
+        md = cli("cat", "BUG-20", "analysis/hypotheses/0001/hypotheses.md", "--store", store)
+        assert "## H1:" in md.out
+
+    def test_no_providers_is_a_configuration_refusal(self, cli: Cli, sample: Path,
+                                                     tmp_path: Path) -> None:
+        store = tmp_path / "s"
+        assert cli("intake", "--store", store, "--report", sample / "report.json").code == 0
+        r = cli("interpret", "BUG-20", "--json", "--store", store)
+        assert r.code == 2 and r.json["error"]["reason"] == "config_invalid"  # type: ignore[index]
+
+    def test_dispatch_commands_never_create_a_store(self, cli: Cli, sample: Path,
+                                                    tmp_path: Path) -> None:
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(f'[[providers]]\nname = "fx"\nkind = "fixture"\n'
+                       f'path = "{sample / "fixtures"}"\n')
+        for cmd in ("interpret", "hypothesize", "confirm", "unblock"):
+            r = cli(cmd, "BUG-20", "--json", "--store", tmp_path / "none", "--config", cfg)
+            assert r.code == 2 and r.json["error"]["reason"] == "no_store", (cmd, r.out)  # type: ignore[index]
+        assert not (tmp_path / "none").exists()

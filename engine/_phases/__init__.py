@@ -4,7 +4,12 @@ and the case operations between dispatches."""
 from collections.abc import Sequence
 
 from .._store import Manifest, PackageCheck, Store
-from . import _interpretation
+from . import _hypotheses, _interpretation
+from ._hypotheses import HypothesesSpec as HypothesesSpec
+from ._hypotheses import batch_problems as batch_problems
+from ._hypotheses import hypothesis_policy as hypothesis_policy
+from ._hypotheses import normalized as normalized
+from ._hypotheses import validate_hypotheses as validate_hypotheses
 from ._interpretation import InterpretationSpec as InterpretationSpec
 from ._interpretation import interpretation_policy as interpretation_policy
 from ._interpretation import interpretation_problems as interpretation_problems
@@ -49,9 +54,14 @@ from ._view import HistoryProblem as HistoryProblem
 from ._view import PackageView as PackageView
 
 INTERPRETATION_PHASE = _interpretation.PHASE
+HYPOTHESES_PHASE = _hypotheses.PHASE
 interpretation_paths = _interpretation.artifact_paths
+hypotheses_paths = _hypotheses.artifact_paths
 INTERPRETATION = InterpretationSpec()
-SPECS: dict[str, PhaseSpec] = {INTERPRETATION.phase: INTERPRETATION}
+HYPOTHESES = HypothesesSpec()
+# In the order a case goes through them.
+SPECS: dict[str, PhaseSpec] = {INTERPRETATION.phase: INTERPRETATION,
+                               HYPOTHESES.phase: HYPOTHESES}
 
 
 def _check_phases(store: Store, manifests: Sequence[Manifest]) -> list[str]:
@@ -63,6 +73,8 @@ def _check_phases(store: Store, manifests: Sequence[Manifest]) -> list[str]:
     for rev in range(1, manifests[-1].analysis_revision + 1):
         if view.has(interpretation_paths(rev)["interpretation"]):
             out += [f"revision {rev}: {p}" for p in interpretation_problems(view, rev)]
+        if any(view.has(p) for k, p in hypotheses_paths(rev).items() if k != "policy"):
+            out += [f"revision {rev}: {p}" for p in batch_problems(view, rev)]
     return out
 
 

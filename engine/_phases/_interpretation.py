@@ -66,6 +66,7 @@ class InterpretationSpec:
     key: str = KEY
     phase: str = PHASE
     prompt_id: str = PROMPT_ID
+    pointer_prefix: str = KEY
 
     def configured(self, config: Config) -> Mapping[str, Any]:
         return interpretation_policy(config.interpretation)

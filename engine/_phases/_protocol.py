@@ -150,7 +150,8 @@ class PhaseState:
     entered: bool
     accepted: bool
     history_problem: str | None       # the accepted/declared artifacts do not stand up
-    precheck: Refusal | None          # a precondition of entering fails
+    precheck: Refusal | None          # a precondition of the phase fails (checked until
+                                      # the phase is accepted, not only before entering)
     pinned_policy_sha: str | None
     current_policy_sha: str
     context_sha: str | None
@@ -221,9 +222,9 @@ def decide(state: PhaseState, request: DispatchRequest, now: float) -> Step:
     if state.accepted:
         return Finish(COMPLETED, "completed", "the phase is complete; its accepted artifacts "
                                               "are reused")
+    if state.precheck is not None:  # checked again on every dispatch until accepted
+        return Finish(state.precheck.status, state.precheck.reason, state.precheck.message)
     if not state.entered:
-        if state.precheck is not None:
-            return Finish(state.precheck.status, state.precheck.reason, state.precheck.message)
         return Enter()
     if state.pinned_policy_sha != state.current_policy_sha:
         return Finish(ERROR, "policy_changed", "the configured policy differs from the one "

@@ -80,6 +80,10 @@ class PhaseSpec(Protocol):
     @property
     def prompt_id(self) -> str: ...
 
+    @property
+    def pointer_prefix(self) -> str:
+        """The prefix of the runner's pointers (``<prefix>_policy``, ``<prefix>_context``)."""
+
     def configured(self, config: Config) -> Mapping[str, Any]:
         """The phase's policy as ``config`` sets it (what a revision pins)."""
 
@@ -128,7 +132,7 @@ def load_state(spec: PhaseSpec, view: PackageView, status: CaseStatus | None,
     return PhaseState(
         key=spec.key, phase=spec.phase, package_id=m.package_id, revision=rev,
         entered=entered, accepted=history is None and spec.accepted(view),
-        history_problem=history, precheck=None if entered else _precheck(spec, view),
+        history_problem=history, precheck=_precheck(spec, view),
         pinned_policy_sha=view.sha(p["policy"]),
         current_policy_sha=sha256_hex(policy_bytes(spec, rev, spec.policy(request))),
         context_sha=view.sha(p["context"]), prompt_id=prompt.prompt_id,
@@ -157,8 +161,8 @@ def enter_change(spec: PhaseSpec, view: PackageView, request: DispatchRequest
     p = paths(spec, rev)
     change = Change(files={p["policy"]: BytesSource.of(policy_bytes(spec, rev, policy)),
                            p["context"]: BytesSource.of(context)},
-                    pointers={f"{spec.key}_policy": p["policy"],
-                              f"{spec.key}_context": p["context"]},
+                    pointers={f"{spec.pointer_prefix}_policy": p["policy"],
+                              f"{spec.pointer_prefix}_context": p["context"]},
                     phase=spec.phase)
     return change, running(spec, 1, request.attempt_id, 1)
 
@@ -228,7 +232,7 @@ def round_change(spec: PhaseSpec, view: PackageView, step: RunRound, outcome: Ro
            "outcome": kind, "provider": outcome.provider, "answer": answer, "retry": retry,
            "attempts": attempts, "started_at": started_at, "finished_at": utc_now_iso()}
     files[path] = BytesSource.of(artifact_json(doc))
-    change = Change(files=files, pointers={f"{spec.key}_last_round": path})
+    change = Change(files=files, pointers={f"{spec.pointer_prefix}_last_round": path})
     return _round_result(spec, change, outcome.status, step, max_rounds, unavailable, due)
 
 
@@ -322,7 +326,7 @@ def judge_change(spec: PhaseSpec, view: PackageView, step: Judge, request: Dispa
                         attempt_id=str(doc.get("attempt_id")))
     first = problems[0]
     return Verdict(Change(files={path: BytesSource.of(artifact_json(errors))},
-                          pointers={f"{spec.key}_last_rejection": path}),
+                          pointers={f"{spec.pointer_prefix}_last_rejection": path}),
                    status, ERROR, reason,
                    f"the answer was rejected ({len(problems)} problem(s); first: {first.rule} "
                    f"at '{first.pointer or '/'}': {first.message}); see {path}. Correct it "

@@ -21,7 +21,7 @@ from engine import (
 from ._context import store_location
 from ._demo import cmd_demo
 from ._output import Output
-from ._phase_commands import cmd_confirm, cmd_interpret, cmd_reopen, cmd_unblock
+from ._phase_commands import cmd_confirm, cmd_hypothesize, cmd_interpret, cmd_reopen, cmd_unblock
 from ._store_commands import (
     cmd_cat,
     cmd_export,
@@ -83,4 +83,4 @@ COMMANDS: dict[str, Command] = {
     "intake": cmd_intake, "status": cmd_status, "show": cmd_show, "cat": cmd_cat,
     "log": cmd_log, "verify": cmd_verify, "export": cmd_export, "import": cmd_import,
     "gc": cmd_gc, "demo": cmd_demo, "interpret": cmd_interpret, "confirm": cmd_confirm,
-    "reopen": cmd_reopen, "unblock": cmd_unblock}
+    "reopen": cmd_reopen, "unblock": cmd_unblock, "hypothesize": cmd_hypothesize}

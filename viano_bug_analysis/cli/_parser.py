@@ -91,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("case", metavar="CASE")
     p.add_argument("--by", metavar="NAME", help="who confirms (default: your user name)")
 
+    p = add("hypothesize", "one dispatch of the hypothesis phase for CASE (its interpretation "
+                           "must be confirmed)")
+    p.add_argument("case", metavar="CASE")
+    p.add_argument("--attempt-id", default="default", metavar="ID",
+                   help="the attempt; after a rejected answer, a new id asks again under the "
+                        "same pinned policy (default: default)")
+
     p = add("reopen", "start a new analysis revision of CASE; earlier artifacts stay unchanged")
     p.add_argument("case", metavar="CASE")
     p.add_argument("--reason", required=True, metavar="TEXT", help="why (recorded)")

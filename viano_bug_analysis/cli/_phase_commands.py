@@ -20,6 +20,7 @@ from actors import (
     open_store,
 )
 from engine import (
+    HYPOTHESES,
     INTERPRETATION,
     SPECS,
     CaseStatus,
@@ -79,6 +80,10 @@ def print_result(out: Output, result: DispatchResult) -> None:
 
 def cmd_interpret(args: argparse.Namespace, out: Output, config: Config) -> int:
     return _dispatch_cmd(args, out, config, INTERPRETATION)
+
+
+def cmd_hypothesize(args: argparse.Namespace, out: Output, config: Config) -> int:
+    return _dispatch_cmd(args, out, config, HYPOTHESES)
 
 
 def _dispatch_cmd(args: argparse.Namespace, out: Output, config: Config,

@@ -8,6 +8,7 @@ from ._case_actor import TrioClock as TrioClock
 from ._case_actor import case_operation as case_operation
 from ._case_actor import dispatch_phase as dispatch_phase
 from ._case_actor import log_event as log_event
+from ._case_actor import run_phase as run_phase
 from ._gateway_pool import GatewayHandle as GatewayHandle
 from ._gateway_pool import GatewayPool as GatewayPool
 from ._gateway_pool import ProviderStats as ProviderStats
@@ -20,3 +21,7 @@ from ._publisher import run_publisher as run_publisher
 from ._store_handle import Snapshot as Snapshot
 from ._store_handle import StoreHandle as StoreHandle
 from ._store_handle import open_store as open_store
+from ._supervisor import CaseResult as CaseResult
+from ._supervisor import Engine as Engine
+from ._supervisor import open_engine_on as open_engine_on
+from ._supervisor import worst_exit as worst_exit

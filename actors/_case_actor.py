@@ -102,17 +102,31 @@ class PhaseServices:
 async def dispatch_phase(services: PhaseServices, spec: PhaseSpec, case_id: str,
                          request: DispatchRequest, *, package_id: str | None = None,
                          ) -> DispatchResult:
-    """One dispatch of ``spec`` for ``case_id``: as far as the phase can go now."""
+    """One dispatch of ``spec`` for ``case_id``: as far as the phase can go now, holding
+    the case's lease (busy: DEFERRED ``locked``)."""
     try:
         with services.store.lease(case_id):
-            return await _Dispatch(services, spec, case_id, request, package_id).run()
+            return await run_phase(services, spec, case_id, request, package_id=package_id)
     except CaseLocked as exc:
-        ref = await services.store.case(case_id)
-        result = DispatchResult(case_id, ref.package_id, ref.phase, DEFERRED, "locked",
-                                exc.message, ref.analysis_revision, ref.generation,
-                                request.attempt_id)
-        _emit(services, result)
-        return result
+        return await locked_result(services, spec, case_id, request, exc)
+
+
+async def locked_result(services: PhaseServices, spec: PhaseSpec, case_id: str,
+                        request: DispatchRequest, exc: CaseLocked) -> DispatchResult:
+    ref = await services.store.case(case_id)
+    result = DispatchResult(case_id, ref.package_id, spec.phase, DEFERRED, "locked",
+                            exc.message, ref.analysis_revision, ref.generation,
+                            request.attempt_id)
+    _emit(services, result)
+    return result
+
+
+async def run_phase(services: PhaseServices, spec: PhaseSpec, case_id: str,
+                    request: DispatchRequest, *, package_id: str | None = None,
+                    ) -> DispatchResult:
+    """The body of a dispatch, for a caller that already holds the case's lease (a case
+    actor running several phases of one case under one lease)."""
+    return await _Dispatch(services, spec, case_id, request, package_id).run()
 
 
 class _Dispatch:
@@ -131,7 +145,7 @@ class _Dispatch:
                                    reason="package_mismatch",
                                    hint="Pass the package_id from the case's manifest "
                                         "('viano show CASE').")
-            view = _view(snap)
+            view = view_of(snap)
             state = await trio.to_thread.run_sync(load_state, self.spec, view, ref.status,
                                                   self.request)
             step = decide(state, self.request, self.s.clock.now())
@@ -219,7 +233,7 @@ class _Dispatch:
                        "round": status.round})
 
 
-def _view(snap: Snapshot) -> PackageView:
+def view_of(snap: Snapshot) -> PackageView:
     store = snap.handle.store
     return PackageView(snap.manifest, store.read_blob, store.open_blob)
 
@@ -236,7 +250,7 @@ async def case_operation(store: StoreHandle, case_id: str,
     that head. ``None`` when there is nothing to do."""
     with store.lease(case_id):
         _ref, snap = await store.head(case_id)
-        made = await trio.to_thread.run_sync(make, _view(snap))
+        made = await trio.to_thread.run_sync(make, view_of(snap))
         if made is None:
             return None
         change, status = made

@@ -118,6 +118,7 @@ from ._phases import normalized as normalized
 from ._phases import person as person
 from ._phases import phase_dir as phase_dir
 from ._phases import prompt_for as prompt_for
+from ._phases import provider_statistics as provider_statistics
 from ._phases import reopen_change as reopen_change
 from ._phases import round_change as round_change
 from ._phases import running as running

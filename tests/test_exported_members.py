@@ -49,27 +49,29 @@ ENGINE_API = [
     "interpretation_problems", "iso_utc", "judge_change", "load_prompt", "load_state",
     "loads_untrusted", "make_record", "markdown_block", "markdown_inline", "new_package_id",
     "no_answer_status", "normalized", "open_backend", "parse_contracted_json", "person",
-    "phase_dir", "plan_batch", "prepare_intake", "prompt_for", "read_export",
-    "remove_log_filter", "reopen_change", "retry_after_seconds", "round_change", "running",
-    "sha256_hex", "successor_violations", "terminal_safe", "unblock_change", "utc_now_iso",
-    "validate_case_id", "validate_hypotheses", "validate_interpretation", "verify_store",
+    "phase_dir", "plan_batch", "prepare_intake", "prompt_for", "provider_statistics",
+    "read_export", "remove_log_filter", "reopen_change", "retry_after_seconds", "round_change",
+    "running", "sha256_hex", "successor_violations", "terminal_safe", "unblock_change",
+    "utc_now_iso", "validate_case_id", "validate_hypotheses", "validate_interpretation",
+    "verify_store",
 ]
 
 ACTORS_API = [
-    "Clock", "GatewayHandle", "GatewayPool", "PhaseServices", "ProviderStats", "PublishMsg",
-    "PublisherStats", "Snapshot", "StoreHandle", "SystemClock", "TrioClock", "case_operation",
-    "dispatch_phase", "log_event", "mailbox", "open_gateway", "open_store", "run_gateway_pool",
-    "run_publisher",
+    "CaseResult", "Clock", "Engine", "GatewayHandle", "GatewayPool", "PhaseServices",
+    "ProviderStats", "PublishMsg", "PublisherStats", "Snapshot", "StoreHandle", "SystemClock",
+    "TrioClock", "case_operation", "dispatch_phase", "log_event", "mailbox", "open_engine_on",
+    "open_gateway", "open_store", "run_gateway_pool", "run_phase", "run_publisher", "worst_exit",
 ]
 
 FACE_API = [
-    "ArchiveRejected", "Attachment", "AuditRecord", "CaseExists", "CaseLocked", "CaseStatus",
-    "Change", "Config", "ConfigError", "FailureClass", "GatewayCancelled", "GatewayConfig",
-    "GatewayError", "GatewayHandle", "HypothesisLimits", "HypothesisPolicy", "IntakeLimits",
-    "IntakePlan", "InterpretationPolicy", "Manifest", "NotFound", "Prompt", "ProviderConfig",
-    "ProviderStats", "Published", "RejectedInput", "RetryPolicy", "RoundOutcome",
-    "RoundRequest", "RoundStatus", "Snapshot", "StaleGeneration", "StorageError", "StoreHandle",
-    "VianoError", "bundled_sample", "open_gateway", "open_store", "prepare_intake",
+    "ArchiveRejected", "Attachment", "AuditRecord", "CaseExists", "CaseLocked", "CaseResult",
+    "CaseStatus", "Change", "Config", "ConfigError", "DispatchResult", "Engine", "FailureClass",
+    "GatewayCancelled", "GatewayConfig", "GatewayError", "GatewayHandle", "HypothesisLimits",
+    "HypothesisPolicy", "IntakeLimits", "IntakePlan", "InterpretationPolicy", "Manifest",
+    "NotFound", "Prompt", "ProviderConfig", "ProviderStats", "Published", "RejectedInput",
+    "RetryPolicy", "RoundOutcome", "RoundRequest", "RoundStatus", "Snapshot", "StaleGeneration",
+    "StorageError", "StoreHandle", "VianoError", "bundled_sample", "open_engine",
+    "open_gateway", "open_store", "prepare_intake",
 ]
 
 

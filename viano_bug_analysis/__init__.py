@@ -11,6 +11,8 @@ The store is opened last so that it closes first: its publisher drains every que
 commit before the gateway's HTTP clients close.
 """
 
+from actors import CaseResult as CaseResult
+from actors import Engine as Engine
 from actors import GatewayHandle as GatewayHandle
 from actors import ProviderStats as ProviderStats
 from actors import Snapshot as Snapshot
@@ -26,6 +28,7 @@ from engine import CaseStatus as CaseStatus
 from engine import Change as Change
 from engine import Config as Config
 from engine import ConfigError as ConfigError
+from engine import DispatchResult as DispatchResult
 from engine import FailureClass as FailureClass
 from engine import GatewayCancelled as GatewayCancelled
 from engine import GatewayConfig as GatewayConfig
@@ -50,4 +53,5 @@ from engine import StorageError as StorageError
 from engine import VianoError as VianoError
 from engine import prepare_intake as prepare_intake
 
+from ._engine import open_engine as open_engine
 from ._sample import bundled_sample as bundled_sample

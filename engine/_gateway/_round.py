@@ -45,8 +45,9 @@ class RoundOutcome:
 
 
 def no_answer_status(attempts: Sequence[AuditRecord]) -> RoundStatus:
-    """All-configuration-failures is distinguishable from unavailability."""
-    tried = [a for a in attempts if a.failure is not FailureClass.SKIPPED]
-    if tried and all(a.failure is FailureClass.CONFIGURATION for a in tried):
+    """Every provider refusing the request is distinguishable from unavailability. A
+    provider skipped while it cools down is unavailable (it may answer a later round), so a
+    round in which any provider was skipped or unavailable is unavailability."""
+    if attempts and all(a.failure is FailureClass.CONFIGURATION for a in attempts):
         return RoundStatus.CONFIGURATION
     return RoundStatus.UNAVAILABLE

@@ -50,6 +50,7 @@ from ._runner import load_state as load_state
 from ._runner import prompt_for as prompt_for
 from ._runner import round_change as round_change
 from ._runner import running as running
+from ._stats import provider_statistics as provider_statistics
 from ._view import HistoryProblem as HistoryProblem
 from ._view import PackageView as PackageView
 

@@ -219,7 +219,8 @@ def accept_interpretation(answer: Mapping[str, Any], view: PackageView, round_pa
                                                       "policy:auto_confirm")
         pointers["interpretation_confirmation"] = p["confirmation"]
         return Accepted(files, pointers, "confirmed",
-                        "the interpretation is accepted and confirmed by policy:auto_confirm")
+                        "the interpretation is accepted and confirmed by policy:auto_confirm",
+                        more_work=True)
     return Accepted(files, pointers, "awaiting_confirmation",
                     "the interpretation is accepted; confirm it with 'viano confirm' before "
                     "hypotheses are built")

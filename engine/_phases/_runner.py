@@ -58,12 +58,16 @@ class Problem:
 
 @attrs.frozen
 class Accepted:
-    """What a valid answer becomes: the artifacts, their pointers, and how the phase ends."""
+    """What a valid answer becomes: the artifacts, their pointers, and how the phase ends.
+    ``more_work`` says whether the case has a next step a dispatch can take by itself (its
+    durable status is then READY, so batch runs and the daemon pick it up; otherwise
+    COMPLETED)."""
 
     files: Mapping[str, bytes]
     pointers: Mapping[str, str]
     reason: str                       # the COMPLETED result's reason code
     message: str
+    more_work: bool = False
 
 
 class PhaseSpec(Protocol):
@@ -308,7 +312,8 @@ def judge_change(spec: PhaseSpec, view: PackageView, step: Judge, request: Dispa
         accepted = spec.accept(parsed, view, step.round.path, request)
         if isinstance(accepted, Accepted):
             files = {p: BytesSource.of(b) for p, b in accepted.files.items()}
-            status = CaseStatus(status="COMPLETED", phase=spec.phase, reason=accepted.reason,
+            status = CaseStatus(status="READY" if accepted.more_work else "COMPLETED",
+                                phase=spec.phase, reason=accepted.reason,
                                 attempt_id=str(doc.get("attempt_id")))
             return Verdict(Change(files=files, pointers=accepted.pointers), status,
                            COMPLETED, accepted.reason, accepted.message)

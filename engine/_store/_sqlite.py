@@ -421,14 +421,21 @@ class SqliteStore:
             manifest = self._manifest(self.reader, ref.package_id, ref.generation)
         return ref, manifest
 
-    def due_cases(self, now: float, limit: int) -> list[CaseRef]:
-        """Cases with work now: READY, or RETRY_PENDING whose due time has come, from the
-        (status, due_at) index. Overdue retries come first (oldest due first), then READY
-        cases, which count as due now."""
+    def due_cases(self, now: float, limit: int, *, awaiting_confirmation: bool = False
+                  ) -> list[CaseRef]:
+        """Cases with work now, from the (status, due_at) index: READY, RUNNING (a dispatch
+        that died or was cancelled mid-phase leaves that; one still running elsewhere holds
+        the case's lease, so trying it costs a DEFERRED ``locked``), RETRY_PENDING whose due
+        time has come, and, for a policy that confirms, interpretations awaiting
+        confirmation. Overdue retries come first (oldest due first), then the rest, which
+        count as due now."""
         if self.version < 2:
             return self._select_refs("ORDER BY case_id LIMIT ?", (limit,))
+        extra = (" OR (status='COMPLETED' AND reason='awaiting_confirmation')"
+                 if awaiting_confirmation else "")
         return self._select_refs(
-            "WHERE status='READY' OR (status='RETRY_PENDING' AND due_at <= ?) "
+            f"WHERE status IN ('READY', 'RUNNING') OR (status='RETRY_PENDING' AND due_at <= ?)"
+            f"{extra} "
             "ORDER BY COALESCE(due_at, ?), case_id LIMIT ?", (now, now, limit))
 
     def next_due(self) -> float | None:

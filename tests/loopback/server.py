@@ -89,6 +89,9 @@ class LoopbackServer:
         self.content: str | None = None  # when set, the exact content of every ok answer
         self.answers: dict[str, str] = {}  # prompt id -> content of an ok answer to it
         self.on_request: Callable[[Received], None] | None = None
+        # Per-request choices (batch tests): a mode, or the content of an ok answer.
+        self.mode_for: Callable[[Received], str | None] | None = None
+        self.content_for: Callable[[Received], str | None] | None = None
         self.held = 0
         self.port = 0
 
@@ -124,10 +127,13 @@ class LoopbackServer:
                 if got is None:
                     return
                 request, body = got
-                mode = self.script.popleft() if self.script else self.default_mode
+                mode = self.script.popleft() if self.script else None
                 headers = {k.decode().lower(): v.decode() for k, v in request.headers}
                 received = Received(request.method.decode(), request.target.decode(), headers,
-                                    body, mode)
+                                    body, mode or self.default_mode)
+                if mode is None and self.mode_for is not None:
+                    received.mode = self.mode_for(received) or self.default_mode
+                mode = received.mode
                 if self.record_requests:
                     self.requests.append(received)
                 if self.on_request is not None:
@@ -174,7 +180,9 @@ class LoopbackServer:
         if mode == "malformed":
             await _send_raw(conn, stream, 200, b'{"choices": [ {"message": ')
             return True
-        body = _envelope(anthropic, self._content(mode, received.prompt_id))
+        custom = self.content_for(received) if self.content_for and mode == "ok" else None
+        body = _envelope(anthropic, custom if custom is not None else
+                         self._content(mode, received.prompt_id))
         if mode == "truncated":
             conn_bytes = conn.send(h11.Response(status_code=200, headers=[
                 ("content-type", "application/json"), ("content-length", str(len(body)))]))

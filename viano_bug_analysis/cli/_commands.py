@@ -18,6 +18,7 @@ from engine import (
     prepare_intake,
 )
 
+from ._batch_commands import cmd_batch, cmd_daemon, cmd_run
 from ._context import store_location
 from ._demo import cmd_demo
 from ._output import Output
@@ -83,4 +84,5 @@ COMMANDS: dict[str, Command] = {
     "intake": cmd_intake, "status": cmd_status, "show": cmd_show, "cat": cmd_cat,
     "log": cmd_log, "verify": cmd_verify, "export": cmd_export, "import": cmd_import,
     "gc": cmd_gc, "demo": cmd_demo, "interpret": cmd_interpret, "confirm": cmd_confirm,
-    "reopen": cmd_reopen, "unblock": cmd_unblock, "hypothesize": cmd_hypothesize}
+    "reopen": cmd_reopen, "unblock": cmd_unblock, "hypothesize": cmd_hypothesize,
+    "run": cmd_run, "batch": cmd_batch, "daemon": cmd_daemon}

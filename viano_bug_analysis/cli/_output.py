@@ -81,13 +81,23 @@ class Output:
     def progress(self, description: str, total: int | None,
                  unit_bytes: bool = False) -> Iterator[Callable[[int], None]]:
         """A progress bar on stderr when it is a terminal; a no-op otherwise."""
+        with self.progress_with_text(description, total, unit_bytes) as (advance, _text):
+            yield advance
+
+    @contextmanager
+    def progress_with_text(self, description: str, total: int | None,
+                           unit_bytes: bool = False
+                           ) -> Iterator[tuple[Callable[[int], None], Callable[[str], None]]]:
+        """A progress bar with a line of counts beside it, an ETA, on stderr when it is a
+        terminal; no-ops otherwise."""
         if not self.err.is_terminal:
-            yield lambda _n: None
+            yield (lambda _n: None), (lambda _t: None)
             return
         columns: list[Any] = [TextColumn("{task.description}"), BarColumn()]
         columns.append(DownloadColumn() if unit_bytes else
                        TextColumn("{task.completed}/{task.total}"))
-        columns.append(TimeRemainingColumn())
+        columns += [TimeRemainingColumn(), TextColumn("{task.fields[counts]}")]
         with Progress(*columns, console=self.err, transient=True) as bar:
-            task = bar.add_task(description, total=total)
-            yield lambda n: bar.advance(task, n)
+            task = bar.add_task(description, total=total, counts="")
+            yield ((lambda n: bar.advance(task, n)),
+                   (lambda text: bar.update(task, counts=terminal_safe(text))))

@@ -39,6 +39,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
 def _globals(with_defaults: bool) -> Parser:
     p = Parser(add_help=False)
     g = p.add_argument_group("global options")
@@ -87,6 +97,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the attempt; after a rejected answer, a new id asks again under the "
                         "same pinned policy (default: default)")
 
+    for name, help_ in (("run", "one pass: advance each case as far as it can go now "
+                                "(interpret, confirm when auto_confirm, hypothesize)"),
+                        ("batch", "keep going until every case is COMPLETED, BLOCKED or ERROR; "
+                                  "with --wait also through due retries")):
+        p = add(name, help_)
+        p.add_argument("cases", nargs="*", metavar="CASE")
+        p.add_argument("--all", action="store_true", help="every case with work now "
+                                                          "(from the store's due index)")
+        p.add_argument("--concurrency", type=_positive_int, default=16, metavar="N",
+                       help="cases in flight at once (default 16)")
+        if name == "batch":
+            p.add_argument("--wait", action="store_true",
+                           help="also wait for due retries (RETRY_PENDING) and run them")
+
+    p = add("daemon", "long-running: picks up new cases and due retries; SIGTERM or SIGINT "
+                      "stops it cleanly")
+    p.add_argument("--concurrency", type=_positive_int, default=16, metavar="N",
+                   help="cases in flight at once (default 16)")
+    p.add_argument("--poll-s", type=_seconds, default=1.0, metavar="SECONDS",
+                   help="how often to look for new cases (default 1)")
+
     p = add("confirm", "confirm the current revision's interpretation of CASE")
     p.add_argument("case", metavar="CASE")
     p.add_argument("--by", metavar="NAME", help="who confirms (default: your user name)")
@@ -109,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("status", "list cases: phase, status, revision, generation, due time")
     p.add_argument("cases", nargs="*", metavar="CASE")
+    p.add_argument("--summary", action="store_true",
+                   help="counts by phase and status, and per provider: answers, failures by "
+                        "class and cooldowns (from every recorded round)")
 
     p = add("show", "print the manifest of the current (or given) generation")
     p.add_argument("case", metavar="CASE")

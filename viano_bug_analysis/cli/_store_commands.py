@@ -26,7 +26,9 @@ from engine import (
     VianoError,
     collect_garbage,
     export_package,
+    iso_utc,
     loads_untrusted,
+    provider_statistics,
     read_export,
     verify_store,
 )
@@ -46,6 +48,8 @@ def status_row(ref: CaseRef) -> dict[str, Any]:
 
 
 def cmd_status(args: argparse.Namespace, out: Output, config: Config) -> int:
+    if args.summary:
+        return _status_summary(args, out, config)
     try:
         with reading(args, config) as store:
             refs = store.list_cases()
@@ -72,6 +76,35 @@ def cmd_status(args: argparse.Namespace, out: Output, config: Config) -> int:
                     f"{r['round']}/{r['max_rounds']}" if r["round"] else "-",
                     r["analysis_revision"], r["package_generation"], r["due_at"] or "-")
                    for r in rows])
+    return 0
+
+
+def _status_summary(args: argparse.Namespace, out: Output, config: Config) -> int:
+    """Counts by phase and status, and the providers' record, for the whole store."""
+    with reading(args, config) as store, store.read_transaction():
+        refs = store.list_cases()
+        if args.cases:
+            refs = [r for r in refs if r.case_id in set(args.cases)]
+        counts: dict[str, dict[str, int]] = {}
+        for ref in refs:
+            status = ref.status.status if ref.status else "READY"
+            counts.setdefault(ref.phase, {}).setdefault(status, 0)
+            counts[ref.phase][status] += 1
+        providers = provider_statistics(store, refs)
+        due = store.next_due()
+    doc = {"cases": len(refs), "by_phase_and_status": counts, "providers": providers,
+           "next_due_at": None if due is None else iso_utc(due)}
+    if out.as_json:
+        out.document(doc)
+        return 0
+    out.table("cases by phase and status", ["phase", "status", "cases"],
+              [(p, s, n) for p, by in sorted(counts.items()) for s, n in sorted(by.items())])
+    out.table("providers (every recorded round)", ["provider", "answers", "failures",
+                                                   "cooldown skips"],
+              [(name, s["answers"], ", ".join(f"{k} {v}" for k, v in s["failures"].items())
+                or "-", s["cooldown_skips"]) for name, s in providers.items()])
+    if due is not None:
+        out.line(f"next retry due at {iso_utc(due)}")
     return 0
 
 

@@ -1,0 +1,292 @@
+"""Many cases at once through the supervisor: the embedding API (dispatch, submit and its
+results channel, run_until_idle, the event stream, shutdown order and cancellation from the
+host), and a batch of 500+ cases through the loopback server with a mix of faults, some of
+them real bug reports from SWE-bench Lite."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+import trio.testing
+
+from actors import TrioClock
+from engine import (
+    PHASE_CHECKS,
+    Attachment,
+    Config,
+    IntakeLimits,
+    InterpretationPolicy,
+    RetryPolicy,
+    prepare_intake,
+    verify_store,
+)
+from tests.loopback import LoopbackServer, dead_port
+from tests.phase_helpers import ENV, FAST, SAMPLE, http_provider
+from tests.store_helpers import open_ro
+from viano_bug_analysis import open_engine
+
+SWEBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "swebench-lite-issues.csv"
+
+# Answers that fit any case: they cite only S1 (every case's report) and I1-I6.
+GENERIC_INTERPRETATION = json.dumps({
+    "summary": "The reported operation fails.",
+    "statements": [
+        {"kind": "reported_behavior", "text": "The operation fails as reported.",
+         "source_ids": ["S1"]},
+        {"kind": "expected_behavior", "text": "It should succeed.", "source_ids": ["S1"]},
+        {"kind": "failure_stage", "text": "It fails when the operation runs.",
+         "source_ids": ["S1"]},
+        {"kind": "first_known_divergence", "text": "The result first differs at the call.",
+         "source_ids": ["S1"]},
+        {"kind": "technical_fact", "text": "The report names the version.",
+         "source_ids": ["S1"]},
+        {"kind": "assumption", "text": "It may be a regression.", "source_ids": []}],
+    "missing_observations": []})
+
+
+def _hypothesis(i: int, cites: list[str]) -> dict[str, Any]:
+    return {"title": f"Candidate cause number {i}", "mechanism": f"Mechanism {i} happens.",
+            "rationale": "The report says so.", "distinction": f"Differs by {i}.",
+            "source_ids": ["S1"], "interpretation_ids": cites,
+            "expected_evidence": ["A trace shows it."],
+            "falsifying_evidence": ["A trace shows otherwise."], "open_questions": []}
+
+
+GENERIC_HYPOTHESES = json.dumps({"hypotheses": [_hypothesis(1, ["I4", "I1"]),
+                                                _hypothesis(2, ["I3"]),
+                                                _hypothesis(3, ["I5", "I6"])]})
+
+
+def _config(providers: list[Any], *, auto_confirm: bool = True, max_rounds: int = 10,
+            base_delay_s: float = 30.0) -> Config:
+    return attrs.evolve(Config.defaults(), providers=tuple(providers), gateway=FAST,
+                        interpretation=InterpretationPolicy(auto_confirm=auto_confirm),
+                        retry=RetryPolicy(max_rounds=max_rounds, base_delay_s=base_delay_s,
+                                          max_delay_s=max(base_delay_s, 1.0)))
+
+
+def _server() -> LoopbackServer:
+    srv = LoopbackServer(retry_after="0")
+    srv.answers["interpretation_v1"] = GENERIC_INTERPRETATION
+    srv.answers["hypotheses_v1"] = GENERIC_HYPOTHESES
+    return srv
+
+
+async def _intake_many(engine: Any, tmp: Path, ids: list[str],
+                       texts: dict[str, str] | None = None) -> None:
+    texts = texts or {}
+    for case_id in ids:
+        report = tmp / f"{case_id}.txt"
+        report.write_text(texts.get(case_id, f"Crash in {case_id}\nIt crashes.\n"))
+        await engine.store.intake(prepare_intake(report, [], case_id=case_id,
+                                                 limits=IntakeLimits()))
+
+
+def _verified(root: Path) -> None:
+    check = open_ro(root)
+    report = verify_store(check, checks=PHASE_CHECKS)
+    check.close()
+    assert report.ok, report.violations[:5]
+
+
+@pytest.fixture
+async def server(nursery: trio.Nursery) -> LoopbackServer:
+    srv = _server()
+    await nursery.start(srv.serve)
+    return srv
+
+
+class TestEmbeddingApi:
+    async def test_dispatch_submit_results_events(self, tmp_path: Path,
+                                                  server: LoopbackServer) -> None:
+        """dispatch advances a case through every phase (auto_confirm); submit puts the
+        result on the results channel; the event stream sees each step; run_until_idle
+        takes every case with work now."""
+        config = _config([http_provider("p", "openai", server.openai_url)])
+        async with open_engine(store=tmp_path / "s", config=config, environ=ENV) as engine:
+            await _intake_many(engine, tmp_path, ["A-1", "A-2", "A-3", "A-4"])
+            events = engine.subscribe()
+            one = await engine.dispatch("A-1")
+            assert (one.result.status, one.result.phase) == ("COMPLETED",
+                                                             "GENERATING_HYPOTHESES")
+            assert engine.submit("A-2") and not engine.submit("A-2")  # joined, not twice
+            got = await engine.results.receive()
+            while got.case_id != "A-2":
+                got = await engine.results.receive()
+            assert got.result.status == "COMPLETED"
+            rest = await engine.run_until_idle()
+            assert sorted(r.case_id for r in rest) == ["A-3", "A-4"]
+            assert await engine.run_until_idle() == []  # nothing left with work now
+            seen = []
+            while True:
+                try:
+                    seen.append(events.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            steps = {(e["case_id"], e.get("step")) for e in seen if e["event"] == "step"}
+            assert ("A-1", "enter") in steps and ("A-1", "accept") in steps
+            assert sum(e["event"] == "result" for e in seen) >= 8
+        _verified(tmp_path / "s")
+
+    async def test_without_auto_confirm_a_case_waits_for_a_person(
+            self, tmp_path: Path, server: LoopbackServer) -> None:
+        config = _config([http_provider("p", "openai", server.openai_url)], auto_confirm=False)
+        async with open_engine(store=tmp_path / "s", config=config, environ=ENV) as engine:
+            await _intake_many(engine, tmp_path, ["W-1"])
+            r = await engine.dispatch("W-1")
+            assert (r.result.status, r.result.reason) == ("COMPLETED", "awaiting_confirmation")
+            assert r.done and await engine.run_until_idle() == []
+
+    async def test_cancelling_the_host_leaves_only_checkpointed_state(
+            self, tmp_path: Path, nursery: trio.Nursery) -> None:
+        """The host cancels its scope while cases are mid-flight (their model calls held at
+        the server): nothing half-done is left; a second open_engine finishes every case
+        with one batch each."""
+        srv = _server()
+        srv.default_mode = "held"
+        await nursery.start(srv.serve)
+        config = _config([http_provider("p", "openai", srv.openai_url)])
+        ids = [f"C-{i}" for i in range(12)]
+        with trio.CancelScope() as host:
+            async with open_engine(store=tmp_path / "s", config=config, environ=ENV,
+                                   concurrency=4) as engine:
+                await _intake_many(engine, tmp_path, ids)
+                for case_id in ids:
+                    engine.submit(case_id)
+                while srv.held < 4:
+                    await trio.testing.wait_all_tasks_blocked()
+                host.cancel()
+                await trio.sleep_forever()
+        assert host.cancelled_caught
+        _verified(tmp_path / "s")
+        srv.default_mode = "ok"
+        srv.release.set()
+        async with open_engine(store=tmp_path / "s", config=config, environ=ENV) as engine:
+            results = await engine.run_until_idle()
+        assert {r.result.status for r in results} == {"COMPLETED"}
+        check = open_ro(tmp_path / "s")
+        for case_id in ids:
+            m = check.head(case_id)[1]
+            assert sum(p.endswith("/hypotheses.json") for p in m.files) == 1, case_id
+        check.close()
+        _verified(tmp_path / "s")
+
+    async def test_the_readme_service_example(self, tmp_path: Path,
+                                              server: LoopbackServer) -> None:
+        """The README's trio-service example, run as written (in this test's own run)."""
+        from tests.test_readme import _snippet
+
+        code = _snippet("engine-service")
+        namespace: dict[str, Any] = {}
+        exec(compile(code, "README.md", "exec"), namespace)
+        config = _config([http_provider("p", "openai", server.openai_url)])
+        async with open_engine(store=tmp_path / "s", config=config, environ=ENV) as engine:
+            await _intake_many(engine, tmp_path, ["R-1", "R-2"])
+        lines: list[str] = []
+        await namespace["serve"](tmp_path / "s", config, lines.append, environ=ENV,
+                                 rounds=1)
+        assert sorted(lines) == ["R-1 COMPLETED completed", "R-2 COMPLETED completed"]
+
+
+def _swebench(n: int) -> dict[str, str]:
+    if not SWEBENCH.exists():
+        return {}
+    csv.field_size_limit(10**9)
+    out = {}
+    with SWEBENCH.open(newline="") as f:
+        for row in csv.DictReader(f):
+            case_id = row["instance_id"].replace("/", "_")[:64]
+            out[case_id] = row["problem_statement"] or "untitled\n"
+            if len(out) == n:
+                break
+    return out
+
+
+@pytest.mark.slow
+class TestAMixedBatch:
+    async def test_five_hundred_cases_end_as_their_faults_dictate(
+            self, tmp_path: Path, server: LoopbackServer, nursery: trio.Nursery) -> None:
+        """520 cases, 120 of them real SWE-bench Lite reports, through three providers in
+        order — one down, one refusing the key, one serving — with a mix of faults by case:
+        invalid interpretation answers (ERROR invalid_answer), a 429 with Retry-After once
+        (COMPLETED after a retry), a first round without any provider (COMPLETED after the
+        due time), no provider at all (BLOCKED after max_rounds). Every case ends as its
+        fault dictates, and verify is clean."""
+        real = _swebench(120)
+        ids = [f"N-{i:03d}" for i in range(400 - len(real))] + sorted(real)
+        ids += [f"INV-{i:02d}" for i in range(40)] + [f"RL-{i:02d}" for i in range(30)]
+        ids += [f"LATE-{i:02d}" for i in range(25)] + [f"DOWN-{i:02d}" for i in range(25)]
+        assert len(ids) == 520
+        limited: set[str] = set()
+        first_round: set[str] = set()
+
+        def mode_for(r: Any) -> str | None:
+            case = r.case_id or ""
+            if case.startswith("RL-") and case not in limited:
+                limited.add(case)
+                return "429"
+            if case.startswith("DOWN-"):
+                return "503"
+            if case.startswith("LATE-") and case not in first_round:
+                first_round.add(case)
+                return "503"
+            return None
+
+        def content_for(r: Any) -> str | None:
+            if (r.case_id or "").startswith("INV-") and r.prompt_id == "interpretation_v1":
+                return json.dumps({"summary": "x", "statements": "S1",
+                                   "missing_observations": []})
+            return None
+
+        server.mode_for = mode_for
+        server.content_for = content_for
+        refuser = LoopbackServer(default_mode="401")  # refuses the key, echoing it
+        await nursery.start(refuser.serve)
+        providers = [http_provider("down", "openai", f"http://127.0.0.1:{dead_port()}/v1"),
+                     http_provider("refused", "openai", refuser.openai_url),
+                     http_provider("main", "anthropic", server.anthropic_url, retries=1,
+                                   max_concurrency=32)]
+        # (No cooldown here: the per-case 503s would otherwise cool "main" down for all.)
+        config = _config(providers, max_rounds=2, base_delay_s=0.05)
+        async with open_engine(store=tmp_path / "s", config=config, environ=ENV,
+                               concurrency=64, clock=TrioClock(0.0)) as engine:
+            await _intake_many(engine, tmp_path, ids, real)
+            final: dict[str, Any] = {}
+            for _ in range(4):  # passes, waiting for due retries between them
+                for r in await engine.run_until_idle():
+                    final[r.case_id] = r.result
+                if not await engine.due(1):
+                    await trio.sleep(0.06)
+                if not await engine.due(1):
+                    break
+            per_txn = engine.store.stats.per_transaction
+        assert len(final) == 520
+        expected = {"N-": ("COMPLETED", "completed"), "INV": ("ERROR", "invalid_answer"),
+                    "RL-": ("COMPLETED", "completed"), "LAT": ("COMPLETED", "completed"),
+                    "DOW": ("BLOCKED", "rounds_exhausted")}
+        for case_id, result in final.items():
+            want = expected.get(case_id[:3], ("COMPLETED", "completed"))
+            assert (result.status, result.reason) == want, (case_id, result)
+        counts = Counter(r.status for r in final.values())
+        assert counts == {"COMPLETED": 455, "ERROR": 40, "BLOCKED": 25}
+        assert per_txn > 1.5, per_txn  # the actors' publications shared transactions
+        assert refuser.requests  # it was asked, and refused every time
+        _verified(tmp_path / "s")
+        if real:
+            check = open_ro(tmp_path / "s")
+            some = sorted(real)[0]
+            files = check.head(some)[1].files
+            assert "analysis/hypotheses/0001/hypotheses.json" in files
+            check.close()
+
+
+def test_sample_attachments_helper_is_used() -> None:
+    """(keeps the sample import honest for the helpers above)"""
+    assert (SAMPLE / "report.json").exists() and Attachment

@@ -1,0 +1,217 @@
+"""Many cases at once: ``viano run`` (one pass), ``viano batch`` (until every case is
+COMPLETED, BLOCKED or ERROR; with ``--wait`` through due retries too) and ``viano daemon``
+(long-running; new cases and due retries from the store's due index).
+
+Interrupting a batch (Ctrl-C) or stopping a daemon (SIGTERM, SIGINT) takes no new work,
+cancels the model calls in flight, lets the commits in flight finish, and prints what was
+done; running the same command again resumes from durable state (finished cases are skipped
+because the store says they are done)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from actors import CaseResult, Engine, worst_exit
+from engine import EXIT_INTERRUPTED, Config, UsageError
+
+from .._engine import open_engine
+from ._context import store_location
+from ._output import Output
+from ._phase_commands import require_providers
+
+
+def _selection(args: argparse.Namespace) -> list[str] | None:
+    if args.all and args.cases:
+        raise UsageError("give case ids or --all, not both")
+    if not args.all and not args.cases:
+        raise UsageError("give the case ids to advance, or --all")
+    return None if args.all else list(args.cases)
+
+
+class _Tally:
+    """Counts by status, publications per transaction, providers; a progress bar on a
+    terminal, a plain line per result elsewhere."""
+
+    def __init__(self, out: Output, total: int | None, advance: Callable[[int], None],
+                 set_text: Callable[[str], None]):
+        self.out, self.total = out, total
+        self.advance, self.set_text = advance, set_text
+        self.final: dict[str, CaseResult] = {}
+        self.started = time.monotonic()
+
+    def add(self, result: CaseResult) -> None:
+        first = result.case_id not in self.final
+        self.final[result.case_id] = result
+        if first:
+            self.advance(1)
+        counts = Counter(r.result.status for r in self.final.values())
+        self.set_text(" ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        if not self.out.as_json and not self.out.err.is_terminal:
+            r = result.result
+            self.out.line(f"{r.case_id} {r.status} {r.reason} (phase {r.phase}, generation "
+                          f"{r.package_generation})")
+
+    def summary(self, engine: Engine, interrupted: bool) -> dict[str, Any]:
+        elapsed = time.monotonic() - self.started
+        stats = engine.store.stats
+        return {"cases": len(self.final), "interrupted": interrupted,
+                "by_status": dict(sorted(Counter(r.result.status
+                                                  for r in self.final.values()).items())),
+                "by_reason": dict(sorted(Counter(str(r.result.reason)
+                                                  for r in self.final.values()).items())),
+                "seconds": round(elapsed, 3),
+                "cases_per_s": round(len(self.final) / elapsed, 2) if elapsed else None,
+                "store": stats.to_json(),
+                "providers": {n: s.to_json() for n, s in engine.gateway.pool.stats.items()},
+                "dropped_events": engine.dropped_events}
+
+
+def _print_summary(out: Output, summary: dict[str, Any], results: list[CaseResult]) -> None:
+    if out.as_json:
+        out.document({"summary": summary, "results": [r.to_json() for r in results]})
+        return
+    if out.err.is_terminal:
+        for r in results:
+            out.line(f"{r.case_id}: {r.result.status} ({r.result.reason})")
+    counts = ", ".join(f"{k} {v}" for k, v in summary["by_status"].items()) or "no cases"
+    out.line(f"{summary['cases']} cases: {counts}; {summary['seconds']}s; "
+             f"{summary['store']['publications_per_transaction']} publications per "
+             "transaction" + (" (interrupted: run the same command to resume)"
+                              if summary["interrupted"] else ""))
+
+
+async def _watch_signals(stop: trio.Event, scope: trio.CancelScope,
+                         *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+                         ) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        task_status.started()
+        async for _ in signals:
+            stop.set()
+            scope.cancel()
+            return
+
+
+async def _batch(args: argparse.Namespace, out: Output, config: Config, *, wait: bool,
+                 passes: int | None) -> tuple[list[CaseResult], dict[str, Any]]:
+    selection = _selection(args)
+    async with open_engine(store=store_location(args, config), config=config,
+                           concurrency=args.concurrency) as engine:
+        if selection is not None:
+            for case_id in selection:
+                await engine.store.case(case_id)  # unknown ids are refused before any work
+        total = len(selection) if selection is not None else len(
+            await engine.store.list_cases())
+        stop = trio.Event()
+        with out.progress_with_text("cases", total) as (advance, set_text):
+            tally = _Tally(out, total, advance, set_text)
+            async with trio.open_nursery() as nursery:
+                work = trio.CancelScope()
+                await nursery.start(_watch_signals, stop, work)
+                with work:
+                    await _passes(engine, selection, tally, wait=wait, passes=passes)
+                nursery.cancel_scope.cancel()
+        return list(tally.final.values()), tally.summary(engine, stop.is_set())
+
+
+LOCKED_RETRY_S = 0.2  # how soon a case another process holds is tried again
+
+
+async def _passes(engine: Engine, selection: list[str] | None, tally: _Tally, *,
+                  wait: bool, passes: int | None) -> None:
+    """Passes over the cases with work now until none has any (or ``passes`` of them); a
+    case another process holds (DEFERRED locked) is tried again after a short pause; with
+    ``wait``, sleep until the earliest due retry and go on."""
+    done = 0
+    while passes is None or done < passes:
+        done += 1
+        for result in await engine.run_until_idle(selection):
+            tally.add(result)
+        if passes is not None and done >= passes:
+            return
+        held = [r for r in tally.final.values() if r.result.reason in ("locked",
+                                                                       "stale_generation")]
+        if selection is None:
+            due = set(await engine.due(4096))
+            if due - {r.case_id for r in held}:
+                continue
+            if due:
+                await trio.sleep(LOCKED_RETRY_S)
+                continue
+        elif held:
+            await trio.sleep(LOCKED_RETRY_S)
+            continue
+        pending = [r for r in tally.final.values() if r.result.status == "RETRY_PENDING"]
+        if not (wait and pending):
+            return
+        soonest = min(r.result.due_at or 0.0 for r in pending)
+        await trio.sleep(max(0.0, soonest - engine.clock.now()))
+
+
+def cmd_run(args: argparse.Namespace, out: Output, config: Config) -> int:
+    require_providers(config)
+    results, summary = trio.run(lambda: _batch(args, out, config, wait=False, passes=1))
+    _print_summary(out, summary, results)
+    return EXIT_INTERRUPTED if summary["interrupted"] else worst_exit(
+        [r.exit_code for r in results])
+
+
+def cmd_batch(args: argparse.Namespace, out: Output, config: Config) -> int:
+    require_providers(config)
+    results, summary = trio.run(lambda: _batch(args, out, config, wait=args.wait,
+                                               passes=None))
+    _print_summary(out, summary, results)
+    return EXIT_INTERRUPTED if summary["interrupted"] else worst_exit(
+        [r.exit_code for r in results])
+
+
+def cmd_daemon(args: argparse.Namespace, out: Output, config: Config) -> int:
+    require_providers(config)
+    trio.run(_daemon, args, out, config)
+    return 0
+
+
+async def _daemon(args: argparse.Namespace, out: Output, config: Config) -> None:
+    """Until SIGTERM/SIGINT: find work in the due index, hand it to case actors, and wait
+    for the next result, the next due time or the next poll, whichever comes first."""
+    async with open_engine(store=store_location(args, config), config=config,
+                           concurrency=args.concurrency) as engine:
+        stop = trio.Event()
+        out.note(f"viano daemon: {store_location(args, config)}, concurrency "
+                 f"{args.concurrency}; SIGTERM or Ctrl-C stops it")
+        async with trio.open_nursery() as nursery:
+            work = trio.CancelScope()
+            await nursery.start(_watch_signals, stop, work)
+            with work:
+                nursery.start_soon(_report_results, engine, out)
+                while not stop.is_set():
+                    free = args.concurrency - engine.in_flight
+                    if free > 0:
+                        for case_id in await engine.due(free + engine.in_flight):
+                            engine.submit(case_id)
+                    await _nap(engine, args.poll_s)
+            nursery.cancel_scope.cancel()
+        out.note(f"viano daemon stopped: {engine.in_flight} case(s) were in flight; their "
+                 "committed state is kept")
+
+
+async def _nap(engine: Engine, poll_s: float) -> None:
+    """Sleep until the earliest of: the next poll, the next due time, a free slot."""
+    next_due = await trio.to_thread.run_sync(engine.store.store.next_due)
+    wait = poll_s if next_due is None else min(poll_s, max(0.0, next_due - engine.clock.now()))
+    with trio.move_on_after(wait):
+        await engine.wait_for_slot()
+
+
+async def _report_results(engine: Engine, out: Output) -> None:
+    async for result in engine.results:
+        r = result.result
+        if not out.as_json:
+            out.line(f"{r.case_id} {r.status} {r.reason} (phase {r.phase}, generation "
+                     f"{r.package_generation})")

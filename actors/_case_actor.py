@@ -25,6 +25,7 @@ import trio
 from engine import (
     COMPLETED,
     DEFERRED,
+    ERROR,
     CaseLocked,
     CaseStatus,
     Change,
@@ -32,6 +33,7 @@ from engine import (
     DispatchResult,
     Enter,
     Finish,
+    HistoryProblem,
     Judge,
     PackageView,
     PhaseRefused,
@@ -146,10 +148,10 @@ class _Dispatch:
                                    hint="Pass the package_id from the case's manifest "
                                         "('viano show CASE').")
             view = view_of(snap)
-            state = await trio.to_thread.run_sync(load_state, self.spec, view, ref.status,
-                                                  self.request)
-            step = decide(state, self.request, self.s.clock.now())
             try:
+                state = await trio.to_thread.run_sync(load_state, self.spec, view,
+                                                      ref.status, self.request)
+                step = decide(state, self.request, self.s.clock.now())
                 if isinstance(step, Finish):
                     return self._result(snap, step.status, step.reason, step.message,
                                         step.round, step.max_rounds, step.due_at)
@@ -162,6 +164,8 @@ class _Dispatch:
             except StaleGeneration as exc:
                 return self._result(snap, DEFERRED, "stale_generation",
                                     f"another writer moved the case: {exc.message}")
+            except HistoryProblem as exc:  # what a step read back does not stand up
+                return self._result(snap, ERROR, "unsupported_history", str(exc))
             if done is not None:
                 return done
         raise VianoError(f"the dispatch of {self.case_id!r} did not settle in {MAX_STEPS} "

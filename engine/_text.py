@@ -13,6 +13,7 @@ HTML, heading, list, table, emphasis or mention survives as markup.
 from __future__ import annotations
 
 import re
+import unicodedata
 
 # C0 (except the caller's choice of \n and \t), DEL, C1, and the bidi controls
 # (LRM/RLM/ALM, embeddings and overrides LRE..RLO, isolates LRI..PDI).
@@ -70,3 +71,16 @@ def markdown_block(text: str) -> str:
     lines = terminal_safe(text, multiline=True).replace("\t", " ").splitlines()
     return "\n".join(_md_line(" ".join(line.split()), starts_line=True)
                      for line in lines).strip("\n")
+
+
+# Letters and symbols that render as nothing (Hangul fillers, the blank braille pattern).
+_INVISIBLE = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+
+
+def is_blank(text: str) -> bool:
+    """Whether ``text`` shows nothing: only whitespace, separators, control and format
+    characters (zero-width spaces and joiners, soft hyphens, byte-order marks) or the few
+    letters that render as nothing. Unassigned code points are not blank: they may be
+    characters newer than this Python's Unicode tables."""
+    return all(ch.isspace() or ch in _INVISIBLE
+               or unicodedata.category(ch) in ("Cc", "Cf", "Zs", "Zl", "Zp") for ch in text)

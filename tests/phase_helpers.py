@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from engine import (
     ProviderConfig,
     Published,
     RetryPolicy,
+    artifact_json,
     prepare_intake,
 )
 from viano_bug_analysis import bundled_sample
@@ -122,3 +123,56 @@ async def package_files(store: StoreHandle, case_id: str) -> dict[str, bytes]:
 
 def evolve_request(request: DispatchRequest, **kw: Any) -> DispatchRequest:
     return attrs.evolve(request, **kw)
+
+
+Edit = Callable[[bytes, Callable[[str], str]], bytes]
+
+
+def rewrite_export(src: Path, dest: Path, edits: Sequence[tuple[str, Edit]]) -> Path:
+    """An export rewritten as a forger would: each ``(path, edit)`` in turn replaces that
+    file's bytes (``edit(old, sha_of)``, where ``sha_of(path)`` gives a file's current
+    sha256, edits so far included) in every manifest that holds it, and every manifest and
+    index hash is recomputed, so the store's own integrity rules accept the result."""
+    import hashlib
+    import zipfile
+
+    import orjson
+
+    with zipfile.ZipFile(src) as zin:
+        members = {n: zin.read(n) for n in zin.namelist()}
+    index = json.loads(members["viano-export.json"])
+    manifests = [json.loads(members[f"manifests/{g['generation']:06d}.json"])
+                 for g in index["generations"]]
+
+    def sha_of(path: str) -> str:
+        return str(manifests[-1]["files"][path]["sha256"])
+
+    for path, edit in edits:
+        old_sha = sha_of(path)
+        new = edit(members[f"blobs/{old_sha}"], sha_of)
+        new_sha = hashlib.sha256(new).hexdigest()
+        members[f"blobs/{new_sha}"] = new
+        for m in manifests:
+            if m["files"].get(path, {}).get("sha256") == old_sha:
+                m["files"][path] = {"sha256": new_sha, "size": len(new)}
+        if not any(e["sha256"] == old_sha for m in manifests for e in m["files"].values()):
+            del members[f"blobs/{old_sha}"]
+    for g, m in zip(index["generations"], manifests, strict=True):
+        raw = orjson.dumps(m, option=orjson.OPT_SORT_KEYS)
+        members[f"manifests/{g['generation']:06d}.json"] = raw
+        g["manifest_sha256"] = hashlib.sha256(raw).hexdigest()
+    members["viano-export.json"] = json.dumps(index).encode()
+    with zipfile.ZipFile(dest, "w") as zout:
+        for name, data in members.items():
+            zout.writestr(name, data)
+    return dest
+
+
+def json_edit(change: Callable[[dict[str, Any], Callable[[str], str]], None]) -> Edit:
+    """An :data:`Edit` of a JSON file: ``change(doc, sha_of)`` mutates the parsed document,
+    which is written back as the artifacts are (indented, with a final newline)."""
+    def edit(old: bytes, sha_of: Callable[[str], str]) -> bytes:
+        doc = json.loads(old)
+        change(doc, sha_of)
+        return artifact_json(doc)
+    return edit

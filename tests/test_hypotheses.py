@@ -107,6 +107,22 @@ RULES: dict[str, tuple[Any, tuple[str, str]]] = {
         _edit(["hypotheses", 1, "mechanism"],
               "  " + ANSWER["hypotheses"][0]["mechanism"].replace(" ", "\t  ") + "\n"),
         ("duplicate_mechanism", "/hypotheses/1/mechanism")),
+    "a title of a zero-width space": (_edit(["hypotheses", 0, "title"], "\u200b"),
+                                      ("blank_string", "/hypotheses/0/title")),
+    "a rationale of a word joiner and a soft hyphen": (
+        _edit(["hypotheses", 1, "rationale"], "\u2060\u00ad"),
+        ("blank_string", "/hypotheses/1/rationale")),
+    "an evidence item of a byte-order mark": (
+        _edit(["hypotheses", 1, "expected_evidence", 0], "\ufeff \u3164"),
+        ("blank_string", "/hypotheses/1/expected_evidence/0")),
+    "a duplicate title (backquotes)": (
+        _edit(["hypotheses", 2, "title"], "`Party` cache migration runs after the `first` "
+                                          "party event"),
+        ("duplicate_title", "/hypotheses/2/title")),
+    "a duplicate title (ASCII symbols)": (
+        _edit(["hypotheses", 2, "title"], "Party + cache | migration runs after the first "
+                                          "party ~ event"),
+        ("duplicate_title", "/hypotheses/2/title")),
     "not an object": (ANSWER["hypotheses"], ("wrong_type", "/")),
     "hypotheses not a list": ({"hypotheses": ANSWER["hypotheses"][0]},
                               ("wrong_type", "/hypotheses")),
@@ -137,6 +153,40 @@ class TestRules:
                          interp=neither) == []
         assert ("primary_missing_anchor", "/hypotheses/0/interpretation_ids") in _problems(
             _edit(["hypotheses", 0, "interpretation_ids"], ["I3"]), interp=neither)
+
+    def test_without_any_anchor_h1_still_needs_a_grounded_human_statement(self) -> None:
+        """No divergence, stage or reported behaviour: H1 resting only on ungrounded or
+        machine-sourced statements is refused (it may not be weaker than an alternative);
+        on a grounded statement that cites a person, accepted."""
+        unanchored = Interpretation(tuple(
+            s for s in statements_of(INTERPRETATION_ANSWER)
+            if s["kind"] not in ("first_known_divergence", "failure_stage",
+                                 "reported_behavior")))
+        grounded = next(s["alias"] for s in unanchored.statements
+                        if s["grounded"] and any(CASE.human(x) for x in s["source_ids"]))
+        # I10 is ungrounded; I7 is a technical fact citing only a log (S7), not a person.
+        for weak in (["I10"], ["I7"], ["I7", "I10"]):
+            assert ("primary_missing_anchor", "/hypotheses/0/interpretation_ids") in \
+                _problems(_edit(["hypotheses", 0, "interpretation_ids"], weak),
+                          interp=unanchored), weak
+        assert _problems(_edit(["hypotheses", 0, "interpretation_ids"], [grounded]),
+                         interp=unanchored) == []
+
+    def test_the_prompts_worked_example_obeys_every_rule(self) -> None:
+        """The example in hypotheses_v1 is an answer the controller accepts under the
+        default policy, for the case it describes (S1 the report, I5 the divergence)."""
+        from engine import load_prompt
+
+        text = load_prompt("hypotheses_v1").text
+        example = json.loads(text[text.index('{"hypotheses"', text.index("EXAMPLE")):])
+        case = CaseRecord("c", "i", tuple(
+            {"source_id": f"S{i}", "kind": "report" if i == 1 else "diagnostics",
+             "human": i == 1} for i in range(1, 6)), {})
+        interp = Interpretation(tuple(
+            {"alias": f"I{i}", "kind": "first_known_divergence" if i == 5 else "observation",
+             "grounded": True, "source_ids": ["S1"]} for i in range(1, 7)))
+        assert [(p.rule, p.pointer) for p in validate_hypotheses(example, case, interp, 3, 5)
+                ] == []
 
     def test_every_forbidden_name_is_named_forbidden(self) -> None:
         for name in sorted(FORBIDDEN):

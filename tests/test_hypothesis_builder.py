@@ -38,7 +38,9 @@ from tests.phase_helpers import (
     http_provider,
     intake_sample,
     interpretation_request,
+    json_edit,
     package_files,
+    rewrite_export,
     services,
 )
 from tests.store_helpers import open_ro
@@ -402,6 +404,7 @@ class TestConcurrentChanges:
                 second = await HypothesisBuilder(sv.store, sv.gateway, _policy()).build(
                     "BUG-20", pkg)
                 assert (second.status, second.reason) == ("DEFERRED", "locked")
+                assert second.phase == "GENERATING_HYPOTHESES"  # the phase it was refused
                 srv.release.set()
             assert results[0].status == "COMPLETED"
             snap = await sv.store.snapshot("BUG-20")
@@ -440,7 +443,7 @@ class TestTamperResistance:
             await snap.set_status(CaseStatus(status="COMPLETED", phase="GENERATING_HYPOTHESES"))
             builder = HypothesisBuilder(sv.store, sv.gateway, _policy())
             r = await builder.build("BUG-20", pkg)
-            assert r.status == "COMPLETED" and _calls(server) == 1
+            assert r.status == "COMPLETED" and _calls(server) == 1, r
             snap = await sv.store.snapshot("BUG-20")
             await snap.publish(Change(files={H + "REJECTED": BytesSource.of(b"x")}))
             await (await sv.store.snapshot("BUG-20")).set_status(CaseStatus(
@@ -495,37 +498,9 @@ class TestTamperResistance:
 
 
 def _edit_registry(src: Path, dest: Path) -> Path:
-    """Rewrite the registry blob (a refill: remaining_slots back to 5) and every manifest
-    and index hash that depends on it."""
-    import zipfile
-
-    import orjson
-
-    with zipfile.ZipFile(src) as zin:
-        members = {n: zin.read(n) for n in zin.namelist()}
-    index = json.loads(members["viano-export.json"])
-    manifests = [json.loads(members[f"manifests/{g['generation']:06d}.json"])
-                 for g in index["generations"]]
-    old_sha = manifests[-1]["files"][H + "registry.json"]["sha256"]
-    registry = json.loads(members[f"blobs/{old_sha}"])
-    registry["remaining_slots"] = 5
-    new = json.dumps(registry, indent=2).encode() + b"\n"
-    new_sha = hashlib.sha256(new).hexdigest()
-    del members[f"blobs/{old_sha}"]
-    members[f"blobs/{new_sha}"] = new
-    for m in manifests:
-        entry = m["files"].get(H + "registry.json")
-        if entry is not None:
-            m["files"][H + "registry.json"] = {"sha256": new_sha, "size": len(new)}
-    for g, m in zip(index["generations"], manifests, strict=True):
-        raw = orjson.dumps(m, option=orjson.OPT_SORT_KEYS)
-        members[f"manifests/{g['generation']:06d}.json"] = raw
-        g["manifest_sha256"] = hashlib.sha256(raw).hexdigest()
-    members["viano-export.json"] = json.dumps(index).encode()
-    with zipfile.ZipFile(dest, "w") as zout:
-        for name, data in members.items():
-            zout.writestr(name, data)
-    return dest
+    """The registry refilled (remaining_slots back to 5), every hash recomputed."""
+    return rewrite_export(src, dest, [(H + "registry.json", json_edit(
+        lambda doc, _sha: doc.update(remaining_slots=5)))])
 
 
 class TestPromptAndSchema:
@@ -573,8 +548,8 @@ class TestPromptAndSchema:
 
 
 RELEASED = {
-    "interpretation_v1": "190eefc5093a911e8b11b9a4a9cd91079198a6c26ac1a827552deb574089d9db",
-    "hypotheses_v1": "7241eb276dbd86755c6b2d72ac9f12057202399b0571ad300585912e957ef8a0"}
+    "interpretation_v1": "8eedf596e5f21588dc40a7438d400460e4ec03e3b96593c9520e6deebf8db506",
+    "hypotheses_v1": "481a8e5d76ddba7935da678065bc8b8e038d05062277c7cca4f4c934b1aa4723"}
 
 
 class TestTheSampleRegression:

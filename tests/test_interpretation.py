@@ -26,6 +26,7 @@ from engine import (
 )
 from engine._phases._case import read_case
 from engine._phases._interpretation import GROUNDED, KINDS, render_summary, statements_of
+from engine._text import is_blank
 from tests.phase_helpers import INTERPRETATION_ANSWER, intake_sample
 from tests.store_helpers import open_ro
 
@@ -102,7 +103,7 @@ class TestValidation:
             assert _problems(_with(["statements", 9, "kind"], kind)) == []
 
 
-_TEXT = st.text(min_size=1, max_size=40).filter(lambda s: s.strip() != "")
+_TEXT = st.text(min_size=1, max_size=40).filter(lambda s: not is_blank(s))
 
 
 @st.composite
@@ -167,11 +168,13 @@ class TestContextAndArtifacts:
         _ref, manifest = store.head("BUG-20")
         view = PackageView(manifest, store.read_blob, store.open_blob)
         policy = interpretation_policy(InterpretationPolicy())
-        one, two = INTERPRETATION.context(view, policy), INTERPRETATION.context(view, policy)
+        one = INTERPRETATION.context(view, policy, 1)
+        two = INTERPRETATION.context(view, policy, 1)
         assert isinstance(one, bytes) and one == two
         doc = json.loads(one)
-        assert [s["source_id"] for s in doc["catalogue"]] == IDS
         untrusted = doc["untrusted_case_data"]
+        assert "catalogue" not in doc  # its names and paths are the case's, so untrusted
+        assert [s["source_id"] for s in untrusted["catalogue"]] == IDS
         assert [t["source_id"] for t in untrusted["human_texts"]] == ["S1", "S2", "S3", "S4",
                                                                       "S5"]
         assert untrusted["human_texts"][1]["author"] == "dev.oskar"
@@ -191,7 +194,7 @@ class TestContextAndArtifacts:
         doc = json.loads(INTERPRETATION.context(view, {"limits": {  # type: ignore[arg-type]
             **{k: getattr(limits, k) for k in ("max_context_bytes", "max_output_bytes",
                                                "max_summary_bytes")},
-            "max_excerpt_bytes": 100, "max_excerpts_total_bytes": 350}}))
+            "max_excerpt_bytes": 100, "max_excerpts_total_bytes": 350}}, 1))
         ex = doc["untrusted_case_data"]["excerpts"]
         assert all(e["bytes_included"] <= 100 for e in ex)
         assert sum(e["bytes_included"] for e in ex) <= 350
@@ -207,7 +210,7 @@ class TestContextAndArtifacts:
         view = PackageView(manifest, store.read_blob, store.open_blob)
         policy = interpretation_policy(InterpretationPolicy(
             limits=InterpretationLimits(max_context_bytes=2000)))
-        refusal = INTERPRETATION.context(view, policy)
+        refusal = INTERPRETATION.context(view, policy, 1)
         assert isinstance(refusal, Refusal) and refusal.reason == "limit_exceeded"
         store.close()
 

@@ -96,21 +96,26 @@ async def http_attempt(client: httpx.AsyncClient, call: HttpCall, ctx: AttemptCo
         content = extract_content(ctx.provider.kind, body)
     except EnvelopeError as exc:
         return invalid("bad_envelope", str(exc))
-    return _check_content(ctx, content, lambda parsed: AttemptResult(make_record(
+    return _check_content(ctx, content, lambda masked, parsed: AttemptResult(make_record(
         ctx, call, started, started_at, status=status, headers=headers, body=body,
-        failure=None, detail="ok"), content=content, parsed=parsed), invalid)
+        failure=None, detail="ok"), content=masked, parsed=parsed), invalid)
 
 
 def _check_content(ctx: AttemptContext, content: str,
-                   ok: Callable[[dict[str, Any]], AttemptResult],
+                   ok: Callable[[str, dict[str, Any]], AttemptResult],
                    invalid: Callable[[str, str], AttemptResult]) -> AttemptResult:
     """Only the contracted *form* is checked here (one JSON object); the phase validates
-    the content itself, so a bug in a phase's check can never pass for a model's fault."""
+    the content itself, so a bug in a phase's check can never pass for a model's fault.
+
+    The content is masked first, like everything else a provider sends: a provider (or a
+    model told to by the case) echoing a key inside its answer must not carry it into the
+    checkpoint, the artifacts or an export. The masked text is the answer from here on."""
+    content = ctx.redactor.text(content)
     try:
         parsed = parse_contracted_json(content)
     except InvalidAnswer as exc:
         return invalid(exc.detail, str(exc))
-    return ok(parsed)
+    return ok(content, parsed)
 
 
 async def _read_limited(response: httpx.Response, limit: int) -> tuple[bytes, bool]:
@@ -147,9 +152,9 @@ def fixture_attempt(ctx: AttemptContext) -> AttemptResult:
     if len(raw) > ctx.max_output_bytes:
         return invalid("output_limit_exceeded", "the fixture answer is over the output limit")
     content = raw.decode("utf-8", errors="replace")
-    return _check_content(ctx, content, lambda parsed: AttemptResult(make_record(
+    return _check_content(ctx, content, lambda masked, parsed: AttemptResult(make_record(
         ctx, None, started, started_at, status=200, body=raw, failure=None, detail="ok"),
-        content=content, parsed=parsed), invalid)
+        content=masked, parsed=parsed), invalid)
 
 
 def _snake(name: str) -> str:

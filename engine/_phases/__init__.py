@@ -5,6 +5,8 @@ from collections.abc import Sequence
 
 from .._store import Manifest, PackageCheck, Store
 from . import _hypotheses, _interpretation
+from ._history import history_problems as history_problems
+from ._history import pointer_problems, stray_revisions
 from ._hypotheses import HypothesesSpec as HypothesesSpec
 from ._hypotheses import batch_problems as batch_problems
 from ._hypotheses import hypothesis_policy as hypothesis_policy
@@ -41,15 +43,15 @@ from ._protocol import attempt_hash as attempt_hash
 from ._protocol import decide as decide
 from ._protocol import due_delay as due_delay
 from ._protocol import phase_dir as phase_dir
-from ._runner import Accepted as Accepted
-from ._runner import PhaseSpec as PhaseSpec
-from ._runner import Problem as Problem
 from ._runner import enter_change as enter_change
 from ._runner import judge_change as judge_change
 from ._runner import load_state as load_state
 from ._runner import prompt_for as prompt_for
 from ._runner import round_change as round_change
 from ._runner import running as running
+from ._spec import Accepted as Accepted
+from ._spec import PhaseSpec as PhaseSpec
+from ._spec import Problem as Problem
 from ._stats import provider_statistics as provider_statistics
 from ._view import HistoryProblem as HistoryProblem
 from ._view import PackageView as PackageView
@@ -66,16 +68,17 @@ SPECS: dict[str, PhaseSpec] = {INTERPRETATION.phase: INTERPRETATION,
 
 
 def _check_phases(store: Store, manifests: Sequence[Manifest]) -> list[str]:
-    """verify's phase-level check: every revision's interpretation bindings recomputed."""
+    """verify's phase-level check: every phase's history of every revision audited (the
+    layout, the pinned inputs derived again, each round's bindings, series and rejections,
+    and the accepted artifacts re-derived from their answer), and the phases' pointers."""
     if not manifests:
         return []
     view = PackageView(manifests[-1], store.read_blob, store.open_blob)
     out: list[str] = []
-    for rev in range(1, manifests[-1].analysis_revision + 1):
-        if view.has(interpretation_paths(rev)["interpretation"]):
-            out += [f"revision {rev}: {p}" for p in interpretation_problems(view, rev)]
-        if any(view.has(p) for k, p in hypotheses_paths(rev).items() if k != "policy"):
-            out += [f"revision {rev}: {p}" for p in batch_problems(view, rev)]
+    for spec in SPECS.values():
+        for rev in range(1, manifests[-1].analysis_revision + 1):
+            out += [f"revision {rev}: {p}" for p in history_problems(spec, view, rev)]
+        out += stray_revisions(spec, view) + pointer_problems(spec, view)
     return out
 
 

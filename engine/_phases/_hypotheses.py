@@ -14,6 +14,7 @@ from the checkpointed answer and the pinned policy, so a batch that does not sta
 
 from __future__ import annotations
 
+import string
 import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -28,7 +29,7 @@ from ._case import CaseRecord, catalogue_for_prompt, read_case
 from ._interpretation import GROUNDED, confirmed, interpretation_problems
 from ._interpretation import artifact_paths as interpretation_paths
 from ._protocol import ERROR, DispatchRequest, Refusal, phase_dir
-from ._runner import Accepted, Problem
+from ._spec import Accepted, Problem, strict_attrs
 from ._validate import MISSING, Checker
 from ._view import HistoryProblem, PackageView
 
@@ -69,14 +70,20 @@ def artifact_paths(revision: int) -> dict[str, str]:
             "summary": f"{base}hypotheses.md", "policy": f"{base}policy.json"}
 
 
+_ASCII_PUNCTUATION = frozenset(string.punctuation)  # Unicode calls some of these symbols
+
+
 def normalized(text: str) -> str:
     """A title or mechanism with its presentation removed: Unicode compatibility form,
-    case, punctuation and whitespace (so that those differences alone never make two
-    hypotheses distinct)."""
-    folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).casefold())
+    case (folded both ways, so that ``ı`` upper-cased still matches), punctuation
+    (Unicode's, and every ASCII punctuation mark even where Unicode calls it a symbol:
+    backquotes, ``+``, ``|``), format characters and whitespace, so that those differences
+    alone never make two hypotheses distinct."""
+    nfkc = unicodedata.normalize("NFKC", text)
+    folded = unicodedata.normalize("NFKC", nfkc.casefold().upper().casefold())
     return "".join(ch for ch in folded
                    if not unicodedata.category(ch).startswith(("P", "Z", "C"))
-                   and not ch.isspace())
+                   and ch not in _ASCII_PUNCTUATION and not ch.isspace())
 
 
 @attrs.frozen
@@ -120,6 +127,13 @@ class HypothesesSpec:
     def configured(self, config: Config) -> Mapping[str, Any]:
         return hypothesis_policy(config.hypotheses)
 
+    def pinned_policy(self, value: Any) -> Mapping[str, Any] | None:
+        if not isinstance(value, dict) or value.get("budget_unit") != UNIT:
+            return None
+        rebuilt = strict_attrs(HypothesisPolicy,
+                               {k: v for k, v in value.items() if k != "budget_unit"})
+        return None if rebuilt is None else hypothesis_policy(rebuilt)
+
     def policy(self, request: DispatchRequest) -> Mapping[str, Any]:
         return request.policy
 
@@ -154,24 +168,30 @@ class HypothesesSpec:
                            "ground a hypothesis in; add observations and reopen the case")
         return None
 
-    def context(self, view: PackageView, policy: Mapping[str, Any]) -> bytes | Refusal:
+    def context(self, view: PackageView, policy: Mapping[str, Any], revision: int
+                ) -> bytes | Refusal:
         m = view.manifest
-        rev = m.analysis_revision
+        rev = revision
         case = read_case(view)
         interp = read_interpretation(view, rev)
         limits = policy["limits"]
         prior = []
         for old in range(1, rev):
-            path = artifact_paths(old)["hypotheses"]
-            if view.has(path):
-                doc = view.read_object(path)
-                prior.append({"analysis_revision": old,
-                              "label": "untested initial proposals",
-                              "hypotheses": [{"id": h["id"], **{f: h[f] for f in FIELDS[:4]},
-                                              "expected_evidence": h["expected_evidence"],
-                                              "falsifying_evidence": h["falsifying_evidence"],
-                                              "open_questions": h["open_questions"]}
-                                             for h in doc["hypotheses"]]})
+            if not self.accepted(view, old):
+                continue
+            problems = batch_problems(view, old)
+            if problems:
+                return Refusal(ERROR, "unsupported_history",
+                               f"revision {old}'s hypotheses do not stand up, so they "
+                               f"cannot be shown to the model: {'; '.join(problems)}")
+            doc = view.read_object(artifact_paths(old)["hypotheses"])
+            prior.append({"analysis_revision": old,
+                          "label": "untested initial proposals",
+                          "hypotheses": [{"id": h["id"], **{f: h[f] for f in FIELDS[:4]},
+                                          "expected_evidence": h["expected_evidence"],
+                                          "falsifying_evidence": h["falsifying_evidence"],
+                                          "open_questions": h["open_questions"]}
+                                         for h in doc["hypotheses"]]})
         if len(prior) > int(limits["max_prior_generations"]):
             return Refusal(ERROR, "limit_exceeded",
                            f"{len(prior)} earlier revisions hold hypotheses, more than "
@@ -185,8 +205,8 @@ class HypothesesSpec:
                "case_id": m.case_id, "analysis_revision": rev,
                "policy": {k: policy[k] for k in ("min_hypotheses", "max_hypotheses",
                                                  "initial_budget", "budget_unit")},
-               "catalogue": catalogue_for_prompt(case),
                "untrusted_case_data": {
+                   "catalogue": catalogue_for_prompt(case),
                    "interpretation": [{k: s[k] for k in ("alias", "pointer", "kind",
                                                          "grounded", "text", "source_ids")}
                                       for s in interp.statements],
@@ -199,16 +219,23 @@ class HypothesesSpec:
                            f"{limits['max_context_bytes']}; nothing is truncated")
         return data
 
-    def accepted(self, view: PackageView) -> bool:
-        p = artifact_paths(view.manifest.analysis_revision)
-        return any(view.has(p[k]) for k in ("hypotheses", "registry", "summary"))
+    def artifacts(self, revision: int) -> Mapping[str, str]:
+        p = artifact_paths(revision)
+        return {"hypotheses": p["hypotheses"], "hypothesis_registry": p["registry"],
+                "hypotheses_summary": p["summary"]}
 
-    def history_problem(self, view: PackageView) -> str | None:
-        rev = view.manifest.analysis_revision
-        if not self.accepted(view):
+    def accepted(self, view: PackageView, revision: int) -> bool:
+        return any(view.has(p) for p in self.artifacts(revision).values())
+
+    def origin_round(self, view: PackageView, revision: int) -> str | None:
+        try:
+            path = view.read_object(artifact_paths(revision)["hypotheses"])["origin"]["round"]
+        except (HistoryProblem, KeyError, TypeError):
             return None
-        problems = batch_problems(view, rev)
-        return "; ".join(problems) if problems else None
+        return path if isinstance(path, str) else None
+
+    def artifact_problems(self, view: PackageView, revision: int) -> list[str]:
+        return batch_problems(view, revision)
 
     def validate(self, answer: Any, view: PackageView) -> list[Problem]:
         rev = view.manifest.analysis_revision
@@ -278,7 +305,7 @@ def validate_hypotheses(answer: Any, case: CaseRecord, interp: Interpretation,
         for field, seen, rule in (("title", titles, "duplicate_title"),
                                   ("mechanism", mechanisms, "duplicate_mechanism")):
             value = h.get(field)
-            if isinstance(value, str) and value.strip():
+            if isinstance(value, str) and normalized(value):
                 key = normalized(value)
                 if key in seen:
                     c.add(rule, f"{where}/{field}", f"the same {field} as hypothesis "
@@ -300,6 +327,16 @@ def _grounding(c: Checker, i: int, where: str, sources: Sequence[str], cited: Se
             c.add("primary_missing_anchor", f"{where}/interpretation_ids",
                   f"the first hypothesis must cite the {anchor[0].replace('_', ' ')} "
                   f"statement ({', '.join(sorted(anchor[1]))})")
+        grounded = {str(s["alias"]) for s in interp.statements if s["kind"] in GROUNDED
+                    and any(case.human(x) for x in s["source_ids"])}
+        if anchor is None and not set(cited) & grounded:
+            # With no divergence, stage or reported behaviour to anchor it, H1 still may
+            # not be weaker than an alternative: a grounded statement from a person.
+            c.add("primary_missing_anchor", f"{where}/interpretation_ids",
+                  "the interpretation has no first known divergence, failure stage or "
+                  "reported behaviour, so the first hypothesis must cite a grounded "
+                  "statement that cites a human source"
+                  + (f" ({', '.join(sorted(grounded))})" if grounded else ""))
         return
     if not any(interp.kind(a) in GROUNDED for a in cited):
         c.add("alternative_ungrounded", f"{where}/interpretation_ids",
@@ -399,7 +436,9 @@ def batch_problems(view: PackageView, revision: int) -> list[str]:
         content = round_doc["answer"]["content"]
         if sha256_hex(content.encode("utf-8")) != origin["answer_sha256"]:
             return ["the hypotheses' origin answer does not match its hash"]
-        policy = view.read_object(p["policy"])["policy"]
+        policy = HypothesesSpec().pinned_policy(view.read_object(p["policy"]).get("policy"))
+        if policy is None:
+            return [f"{p['policy']} is not a policy this version's configuration can pin"]
         answer = parse_contracted_json(content)
         case = read_case(view)
         problems = validate_hypotheses(answer, case, read_interpretation(view, revision),
@@ -412,11 +451,6 @@ def batch_problems(view: PackageView, revision: int) -> list[str]:
         for key in ("hypotheses", "registry", "summary"):
             if view.read(p[key]) != expected[p[key]]:
                 out.append(f"{p[key]} is not what its creation history gives")
-        for name, key in (("hypotheses", "hypotheses"), ("hypothesis_registry", "registry"),
-                          ("hypotheses_summary", "summary")):
-            if view.manifest.pointers.get(name) not in (None, p[key]) and \
-                    revision == view.manifest.analysis_revision:
-                out.append(f"pointer {name} does not name {p[key]}")
         registry = view.read_object(p["registry"])
         allocated = sum(c["budget_allocation"]["initial"] for c in registry["creations"])
         if allocated != registry["created_count"] * int(policy["initial_budget"]):

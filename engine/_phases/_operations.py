@@ -13,7 +13,7 @@ from .._store import BytesSource, CaseStatus, Change
 from ._interpretation import PHASE as INTERPRETATION_PHASE
 from ._interpretation import artifact_paths, confirmation_bytes, interpretation_problems
 from ._protocol import parse_rounds, phase_dir
-from ._runner import PhaseSpec
+from ._spec import PhaseSpec
 from ._view import PackageView
 
 REOPENED = "REOPENED"

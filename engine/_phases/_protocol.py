@@ -37,9 +37,10 @@ from .._canonical import canonical_json, sha256_hex
 from .._config import RetryPolicy
 from .._store import CaseStatus, iso_utc
 
-_ROUND = re.compile(r"rounds/(\d{4})-(\d{4})\.(answer|unavailable|configuration|invalid)\.json")
+ROUND_FILE = re.compile(
+    r"rounds/(\d{4})-(\d{4})\.(answer|unavailable|configuration|invalid)\.json")
 _ERRORS = re.compile(r"errors/([0-9a-f]{64})\.json")
-_UNBLOCK = re.compile(r"unblocks/(\d{4})\.json")
+UNBLOCK_FILE = re.compile(r"unblocks/(\d{4})\.json")
 ATTEMPT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 OUTCOMES = {"answer": "answer", "providers_unavailable": "unavailable",
             "provider_configuration": "configuration", "invalid_answer": "invalid"}
@@ -150,8 +151,8 @@ class PhaseState:
     entered: bool
     accepted: bool
     history_problem: str | None       # the accepted/declared artifacts do not stand up
-    precheck: Refusal | None          # a precondition of the phase fails (checked until
-                                      # the phase is accepted, not only before entering)
+    precheck: Refusal | None          # a precondition of the phase fails (checked on
+                                      # every dispatch: before entering, and before reuse)
     pinned_policy_sha: str | None
     current_policy_sha: str
     context_sha: str | None
@@ -219,11 +220,11 @@ def decide(state: PhaseState, request: DispatchRequest, now: float) -> Step:
     """The next step of a phase, from durable state alone (no I/O, no event loop)."""
     if state.history_problem is not None:
         return Finish(ERROR, "unsupported_history", state.history_problem)
+    if state.precheck is not None:  # checked on every dispatch, before any reuse too
+        return Finish(state.precheck.status, state.precheck.reason, state.precheck.message)
     if state.accepted:
         return Finish(COMPLETED, "completed", "the phase is complete; its accepted artifacts "
                                               "are reused")
-    if state.precheck is not None:  # checked again on every dispatch until accepted
-        return Finish(state.precheck.status, state.precheck.reason, state.precheck.message)
     if not state.entered:
         return Enter()
     if state.pinned_policy_sha != state.current_policy_sha:
@@ -277,13 +278,13 @@ def parse_rounds(paths: Sequence[str], prefix: str) -> tuple[int, list[RoundInfo
     rejected: set[str] = set()
     for path in paths:
         rel = path[len(prefix):]
-        if m := _UNBLOCK.fullmatch(rel):
+        if m := UNBLOCK_FILE.fullmatch(rel):
             series = max(series, int(m.group(1)))
         elif m := _ERRORS.fullmatch(rel):
             rejected.add(m.group(1))
     for path in paths:
         rel = path[len(prefix):]
-        if (m := _ROUND.fullmatch(rel)) and int(m.group(1)) == series:
+        if (m := ROUND_FILE.fullmatch(rel)) and int(m.group(1)) == series:
             rounds.append(RoundInfo(path, series, int(m.group(2)), m.group(3)))
     rounds.sort(key=lambda r: r.round)
     return series, rounds, frozenset(rejected)

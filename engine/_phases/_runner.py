@@ -9,12 +9,11 @@ trio, actors or the network.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 
 from .._canonical import artifact_json, sha256_hex, utc_now_iso
-from .._config import Config
 from .._gateway import (
     AuditRecord,
     InvalidAnswer,
@@ -24,6 +23,7 @@ from .._gateway import (
     parse_contracted_json,
 )
 from .._store import BytesSource, CaseStatus, Change, iso_utc
+from ._history import history_problems, pointer_problems
 from ._prompts import PromptText, load_prompt
 from ._protocol import (
     BLOCKED,
@@ -40,77 +40,8 @@ from ._protocol import (
     phase_dir,
     round_path,
 )
+from ._spec import Accepted, PhaseSpec, Problem, paths, policy_bytes
 from ._view import HistoryProblem, PackageView
-
-
-@attrs.frozen
-class Problem:
-    """One reason an answer is rejected: the rule it breaks and where (a JSON pointer into
-    the answer)."""
-
-    rule: str
-    pointer: str
-    message: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"rule": self.rule, "pointer": self.pointer, "message": self.message}
-
-
-@attrs.frozen
-class Accepted:
-    """What a valid answer becomes: the artifacts, their pointers, and how the phase ends.
-    ``more_work`` says whether the case has a next step a dispatch can take by itself (its
-    durable status is then READY, so batch runs and the daemon pick it up; otherwise
-    COMPLETED)."""
-
-    files: Mapping[str, bytes]
-    pointers: Mapping[str, str]
-    reason: str                       # the COMPLETED result's reason code
-    message: str
-    more_work: bool = False
-
-
-class PhaseSpec(Protocol):
-    """What an LLM phase supplies to the shared runner."""
-
-    @property
-    def key(self) -> str:
-        """The folder under ``analysis/`` and the prefix of the phase's pointers."""
-
-    @property
-    def phase(self) -> str:
-        """The manifest phase while it runs (and after: it stays)."""
-
-    @property
-    def prompt_id(self) -> str: ...
-
-    @property
-    def pointer_prefix(self) -> str:
-        """The prefix of the runner's pointers (``<prefix>_policy``, ``<prefix>_context``)."""
-
-    def configured(self, config: Config) -> Mapping[str, Any]:
-        """The phase's policy as ``config`` sets it (what a revision pins)."""
-
-    def policy(self, request: DispatchRequest) -> Mapping[str, Any]: ...
-    def schema(self) -> Mapping[str, Any]: ...
-    def max_output_bytes(self, policy: Mapping[str, Any]) -> int: ...
-    def precheck(self, view: PackageView) -> Refusal | None: ...
-    def context(self, view: PackageView, policy: Mapping[str, Any]) -> bytes | Refusal: ...
-    def accepted(self, view: PackageView) -> bool: ...
-    def history_problem(self, view: PackageView) -> str | None: ...
-    def validate(self, answer: Any, view: PackageView) -> list[Problem]: ...
-    def accept(self, answer: Any, view: PackageView, round_path: str,
-               request: DispatchRequest) -> Accepted | Refusal: ...
-
-
-def policy_bytes(spec: PhaseSpec, revision: int, policy: Mapping[str, Any]) -> bytes:
-    return artifact_json({"format": f"viano-{spec.key}-policy/1", "phase": spec.phase,
-                          "analysis_revision": revision, "policy": dict(policy)})
-
-
-def paths(spec: PhaseSpec, revision: int) -> dict[str, str]:
-    base = phase_dir(spec.key, revision)
-    return {"policy": f"{base}policy.json", "context": f"{base}context.json"}
 
 
 def load_state(spec: PhaseSpec, view: PackageView, status: CaseStatus | None,
@@ -122,20 +53,15 @@ def load_state(spec: PhaseSpec, view: PackageView, status: CaseStatus | None,
     prompt = load_prompt(spec.prompt_id)
     base = phase_dir(spec.key, rev)
     series, rounds, rejected = parse_rounds(sorted(m.paths_under(base)), base)
-    history = None
+    problems = history_problems(spec, view, rev) + pointer_problems(spec, view)
+    history = "; ".join(problems) if problems else None
     last_doc = None
-    try:
-        history = spec.history_problem(view)
-        if rounds:
-            last_doc = view.read_object(rounds[-1].path)
-    except HistoryProblem as exc:
-        history = str(exc)
+    if rounds and history is None:
+        last_doc = view.read_object(rounds[-1].path)
     entered = view.has(p["policy"]) and view.has(p["context"])
-    if entered != (view.has(p["policy"]) or view.has(p["context"])) and history is None:
-        history = f"only one of {p['policy']} and {p['context']} is in the package"
     return PhaseState(
         key=spec.key, phase=spec.phase, package_id=m.package_id, revision=rev,
-        entered=entered, accepted=history is None and spec.accepted(view),
+        entered=entered, accepted=history is None and spec.accepted(view, rev),
         history_problem=history, precheck=_precheck(spec, view),
         pinned_policy_sha=view.sha(p["policy"]),
         current_policy_sha=sha256_hex(policy_bytes(spec, rev, spec.policy(request))),
@@ -159,7 +85,7 @@ def enter_change(spec: PhaseSpec, view: PackageView, request: DispatchRequest
     1's first call (so a crash during that call is counted)."""
     rev = view.manifest.analysis_revision
     policy = spec.policy(request)
-    context = spec.context(view, policy)
+    context = spec.context(view, policy, rev)
     if isinstance(context, Refusal):
         return context
     p = paths(spec, rev)
@@ -343,6 +269,9 @@ def _problems_of(spec: PhaseSpec, view: PackageView, doc: Mapping[str, Any]) -> 
     if doc.get("outcome") != "answer" or not isinstance(answer, dict):
         detail = next((a.get("detail") for a in reversed(doc.get("attempts") or [])
                        if isinstance(a, dict)), "invalid_answer")
+        if detail == "output_limit_exceeded":
+            return [Problem("limit_exceeded", "", "the answer is longer than the pinned "
+                                                  "max_output_bytes; nothing is truncated")]
         return [Problem("contracted_json", "", f"the content is not the contracted JSON "
                                                f"({detail})")]
     content = answer.get("content")

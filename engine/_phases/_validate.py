@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from ._runner import Problem
+from .._text import is_blank
+from ._spec import Problem
 
 MISSING: Any = object()  # what ``get(key, MISSING)`` gives for an absent key (already reported)
 
@@ -48,8 +49,9 @@ class Checker:
         if not isinstance(value, str):
             self.add("wrong_type", pointer, f"expected a string, got {_type(value)}")
             return None
-        if not value.strip():
-            self.add("blank_string", pointer, "the string is blank")
+        if is_blank(value):
+            self.add("blank_string", pointer, "the string is blank (nothing in it shows: "
+                                              "whitespace, invisible or control characters)")
             return None
         return value
 

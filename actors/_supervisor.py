@@ -18,7 +18,7 @@ rather than slowing the cases down.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -28,10 +28,12 @@ import trio
 from engine import (
     BLOCKED,
     COMPLETED,
+    DEFERRED,
     ERROR,
     HYPOTHESES,
     INTERPRETATION,
     CaseLocked,
+    CaseStatus,
     Config,
     DispatchRequest,
     DispatchResult,
@@ -101,6 +103,8 @@ class Engine:
         self.dropped_events = 0
         self.accepting = True
         self._finished = trio.Event()
+        self._not_before: dict[str, float] = {}  # trio time before which a DEFERRED case
+        self.locked_retry_s = 0.2                 # (held elsewhere) is not offered again
         self.services = PhaseServices(store, gateway, clock, self._event)
 
     # -- events ------------------------------------------------------------------------
@@ -168,6 +172,8 @@ class Engine:
         try:
             async with self._limiter:
                 running.result = await self._advance(case_id)
+            if running.result.result.status == DEFERRED:  # not now: held elsewhere, not due
+                self._not_before[case_id] = trio.current_time() + self.locked_retry_s
             self._results_send.send_nowait(running.result)
         except Exception as exc:
             running.error = exc
@@ -187,17 +193,33 @@ class Engine:
             with self.store.lease(case_id):
                 first = await run_phase(self.services, INTERPRETATION, case_id, interpretation)
                 if first.status != COMPLETED:
-                    return CaseResult(case_id, first)
+                    return await self._settled(CaseResult(case_id, first))
                 if self.config.interpretation.auto_confirm:
                     await self._confirm(case_id)
                 second = await run_phase(self.services, HYPOTHESES, case_id,
                                          self.request("hypotheses"))
                 if second.reason == "interpretation_not_confirmed":
-                    return CaseResult(case_id, first)  # waiting for a person to confirm
-                return CaseResult(case_id, second)
+                    # waiting for a person to confirm
+                    return await self._settled(CaseResult(case_id, first))
+                return await self._settled(CaseResult(case_id, second))
         except CaseLocked as exc:
             return CaseResult(case_id, await locked_result(self.services, INTERPRETATION,
                                                            case_id, interpretation, exc))
+
+    async def _settled(self, result: CaseResult) -> CaseResult:
+        """A case whose advance ended with nothing more to do by itself (COMPLETED, BLOCKED,
+        ERROR) but whose durable status still says it has work (READY, RUNNING: a refusal
+        publishes nothing, so the status a person or an import left stays) gets the status
+        its result says, so that the due index stops offering it. Done after the whole
+        advance: a crash before it leaves the case due, which only costs a dispatch."""
+        r = result.result
+        if r.status not in (COMPLETED, BLOCKED, ERROR):
+            return result
+        ref, snap = await self.store.head(result.case_id)
+        if ref.status is None or ref.status.status in ("READY", "RUNNING"):
+            await snap.set_status(CaseStatus(status=r.status, phase=r.phase,
+                                             reason=str(r.reason)))
+        return result
 
     async def _confirm(self, case_id: str) -> None:
         _ref, snap = await self.store.head(case_id)
@@ -215,10 +237,12 @@ class Engine:
                 now, limit, awaiting_confirmation=self.config.interpretation.auto_confirm))
         return [r.case_id for r in refs]
 
-    async def run_until_idle(self, cases: Sequence[str] | None = None) -> list[CaseResult]:
+    async def run_until_idle(self, cases: Sequence[str] | None = None, *,
+                             on_result: Callable[[CaseResult], None] | None = None,
+                             ) -> list[CaseResult]:
         """Advance every case with work now (or the given ones) until none of them has
-        any; returns each advance's result, in the order they finished. Never sleeps for a
-        due time."""
+        any; returns each advance's result, in the order they finished (``on_result``
+        hears of each as it finishes). Never sleeps for a due time."""
         out: list[CaseResult] = []
         wanted = set(cases) if cases is not None else None
         tried: set[str] = set()
@@ -233,10 +257,43 @@ class Engine:
             async with trio.open_nursery() as pass_nursery:
                 for case_id in batch:
                     tried.add(case_id)
-                    pass_nursery.start_soon(self._collect, case_id, out)
+                    pass_nursery.start_soon(self._collect, case_id, out, on_result)
 
-    async def _collect(self, case_id: str, out: list[CaseResult]) -> None:
-        out.append(await self.dispatch(case_id))
+    async def _collect(self, case_id: str, out: list[CaseResult],
+                       on_result: Callable[[CaseResult], None] | None) -> None:
+        result = await self.dispatch(case_id)
+        out.append(result)
+        if on_result is not None:
+            on_result(result)
+
+    async def serve(self, *, poll_s: float = 1.0,
+                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The daemon's loop, until cancelled: take the cases with work from the store's
+        due index (new cases, due retries, interpretations to confirm under auto_confirm)
+        into free case actors, then wait for whichever comes first — a case actor
+        finishing, the earliest due time, or the next poll (which finds cases taken in by
+        other processes). A case another process holds is offered again only after
+        ``locked_retry_s``. Results arrive on :attr:`results`."""
+        task_status.started()
+        while True:
+            free = int(self._limiter.total_tokens) - self.in_flight
+            now = trio.current_time()
+            self._not_before = {c: t for c, t in self._not_before.items() if t > now}
+            if free > 0:
+                for case_id in await self.due(free + self.in_flight + len(self._not_before)):
+                    if case_id not in self._not_before:
+                        self.submit(case_id)
+            await self._nap(poll_s)
+
+    async def _nap(self, poll_s: float) -> None:
+        next_due = await trio.to_thread.run_sync(self.store.store.next_due)
+        wait = poll_s
+        if next_due is not None:
+            wait = min(wait, max(0.0, next_due - self.clock.now()))
+        if self._not_before:
+            wait = min(wait, max(0.0, min(self._not_before.values()) - trio.current_time()))
+        with trio.move_on_after(wait):
+            await self.wait_for_slot()
 
 
 @asynccontextmanager

@@ -6,99 +6,35 @@ them real bug reports from SWE-bench Lite."""
 from __future__ import annotations
 
 import csv
+import functools
 import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 import trio
 import trio.testing
 
 from actors import TrioClock
-from engine import (
-    PHASE_CHECKS,
-    Attachment,
-    Config,
-    IntakeLimits,
-    InterpretationPolicy,
-    RetryPolicy,
-    prepare_intake,
-    verify_store,
+from engine import Attachment
+from tests.batch_helpers import (
+    batch_config,
+    generic_server,
+    intake_many,
+    verified,
 )
 from tests.loopback import LoopbackServer, dead_port
-from tests.phase_helpers import ENV, FAST, SAMPLE, http_provider
+from tests.phase_helpers import ENV, SAMPLE, http_provider
 from tests.store_helpers import open_ro
 from viano_bug_analysis import open_engine
 
 SWEBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "swebench-lite-issues.csv"
 
-# Answers that fit any case: they cite only S1 (every case's report) and I1-I6.
-GENERIC_INTERPRETATION = json.dumps({
-    "summary": "The reported operation fails.",
-    "statements": [
-        {"kind": "reported_behavior", "text": "The operation fails as reported.",
-         "source_ids": ["S1"]},
-        {"kind": "expected_behavior", "text": "It should succeed.", "source_ids": ["S1"]},
-        {"kind": "failure_stage", "text": "It fails when the operation runs.",
-         "source_ids": ["S1"]},
-        {"kind": "first_known_divergence", "text": "The result first differs at the call.",
-         "source_ids": ["S1"]},
-        {"kind": "technical_fact", "text": "The report names the version.",
-         "source_ids": ["S1"]},
-        {"kind": "assumption", "text": "It may be a regression.", "source_ids": []}],
-    "missing_observations": []})
-
-
-def _hypothesis(i: int, cites: list[str]) -> dict[str, Any]:
-    return {"title": f"Candidate cause number {i}", "mechanism": f"Mechanism {i} happens.",
-            "rationale": "The report says so.", "distinction": f"Differs by {i}.",
-            "source_ids": ["S1"], "interpretation_ids": cites,
-            "expected_evidence": ["A trace shows it."],
-            "falsifying_evidence": ["A trace shows otherwise."], "open_questions": []}
-
-
-GENERIC_HYPOTHESES = json.dumps({"hypotheses": [_hypothesis(1, ["I4", "I1"]),
-                                                _hypothesis(2, ["I3"]),
-                                                _hypothesis(3, ["I5", "I6"])]})
-
-
-def _config(providers: list[Any], *, auto_confirm: bool = True, max_rounds: int = 10,
-            base_delay_s: float = 30.0) -> Config:
-    return attrs.evolve(Config.defaults(), providers=tuple(providers), gateway=FAST,
-                        interpretation=InterpretationPolicy(auto_confirm=auto_confirm),
-                        retry=RetryPolicy(max_rounds=max_rounds, base_delay_s=base_delay_s,
-                                          max_delay_s=max(base_delay_s, 1.0)))
-
-
-def _server() -> LoopbackServer:
-    srv = LoopbackServer(retry_after="0")
-    srv.answers["interpretation_v1"] = GENERIC_INTERPRETATION
-    srv.answers["hypotheses_v1"] = GENERIC_HYPOTHESES
-    return srv
-
-
-async def _intake_many(engine: Any, tmp: Path, ids: list[str],
-                       texts: dict[str, str] | None = None) -> None:
-    texts = texts or {}
-    for case_id in ids:
-        report = tmp / f"{case_id}.txt"
-        report.write_text(texts.get(case_id, f"Crash in {case_id}\nIt crashes.\n"))
-        await engine.store.intake(prepare_intake(report, [], case_id=case_id,
-                                                 limits=IntakeLimits()))
-
-
-def _verified(root: Path) -> None:
-    check = open_ro(root)
-    report = verify_store(check, checks=PHASE_CHECKS)
-    check.close()
-    assert report.ok, report.violations[:5]
-
 
 @pytest.fixture
 async def server(nursery: trio.Nursery) -> LoopbackServer:
-    srv = _server()
+    srv = generic_server()
     await nursery.start(srv.serve)
     return srv
 
@@ -109,9 +45,9 @@ class TestEmbeddingApi:
         """dispatch advances a case through every phase (auto_confirm); submit puts the
         result on the results channel; the event stream sees each step; run_until_idle
         takes every case with work now."""
-        config = _config([http_provider("p", "openai", server.openai_url)])
+        config = batch_config([http_provider("p", "openai", server.openai_url)])
         async with open_engine(store=tmp_path / "s", config=config, environ=ENV) as engine:
-            await _intake_many(engine, tmp_path, ["A-1", "A-2", "A-3", "A-4"])
+            await intake_many(engine, tmp_path, ["A-1", "A-2", "A-3", "A-4"])
             events = engine.subscribe()
             one = await engine.dispatch("A-1")
             assert (one.result.status, one.result.phase) == ("COMPLETED",
@@ -133,13 +69,13 @@ class TestEmbeddingApi:
             steps = {(e["case_id"], e.get("step")) for e in seen if e["event"] == "step"}
             assert ("A-1", "enter") in steps and ("A-1", "accept") in steps
             assert sum(e["event"] == "result" for e in seen) >= 8
-        _verified(tmp_path / "s")
+        verified(tmp_path / "s")
 
     async def test_without_auto_confirm_a_case_waits_for_a_person(
             self, tmp_path: Path, server: LoopbackServer) -> None:
-        config = _config([http_provider("p", "openai", server.openai_url)], auto_confirm=False)
+        config = batch_config([http_provider("p", "openai", server.openai_url)], auto_confirm=False)
         async with open_engine(store=tmp_path / "s", config=config, environ=ENV) as engine:
-            await _intake_many(engine, tmp_path, ["W-1"])
+            await intake_many(engine, tmp_path, ["W-1"])
             r = await engine.dispatch("W-1")
             assert (r.result.status, r.result.reason) == ("COMPLETED", "awaiting_confirmation")
             assert r.done and await engine.run_until_idle() == []
@@ -149,15 +85,15 @@ class TestEmbeddingApi:
         """The host cancels its scope while cases are mid-flight (their model calls held at
         the server): nothing half-done is left; a second open_engine finishes every case
         with one batch each."""
-        srv = _server()
+        srv = generic_server()
         srv.default_mode = "held"
         await nursery.start(srv.serve)
-        config = _config([http_provider("p", "openai", srv.openai_url)])
+        config = batch_config([http_provider("p", "openai", srv.openai_url)])
         ids = [f"C-{i}" for i in range(12)]
         with trio.CancelScope() as host:
             async with open_engine(store=tmp_path / "s", config=config, environ=ENV,
                                    concurrency=4) as engine:
-                await _intake_many(engine, tmp_path, ids)
+                await intake_many(engine, tmp_path, ids)
                 for case_id in ids:
                     engine.submit(case_id)
                 while srv.held < 4:
@@ -165,7 +101,7 @@ class TestEmbeddingApi:
                 host.cancel()
                 await trio.sleep_forever()
         assert host.cancelled_caught
-        _verified(tmp_path / "s")
+        verified(tmp_path / "s")
         srv.default_mode = "ok"
         srv.release.set()
         async with open_engine(store=tmp_path / "s", config=config, environ=ENV) as engine:
@@ -176,7 +112,7 @@ class TestEmbeddingApi:
             m = check.head(case_id)[1]
             assert sum(p.endswith("/hypotheses.json") for p in m.files) == 1, case_id
         check.close()
-        _verified(tmp_path / "s")
+        verified(tmp_path / "s")
 
     async def test_the_readme_service_example(self, tmp_path: Path,
                                               server: LoopbackServer) -> None:
@@ -186,12 +122,23 @@ class TestEmbeddingApi:
         code = _snippet("engine-service")
         namespace: dict[str, Any] = {}
         exec(compile(code, "README.md", "exec"), namespace)
-        config = _config([http_provider("p", "openai", server.openai_url)])
+        config = batch_config([http_provider("p", "openai", server.openai_url)])
         async with open_engine(store=tmp_path / "s", config=config, environ=ENV) as engine:
-            await _intake_many(engine, tmp_path, ["R-1", "R-2"])
+            await intake_many(engine, tmp_path, ["R-1", "R-2"])
         lines: list[str] = []
-        await namespace["serve"](tmp_path / "s", config, lines.append, environ=ENV,
-                                 rounds=1)
+        both = trio.Event()
+
+        def emit(line: str) -> None:
+            lines.append(line)
+            if len(lines) == 2:
+                both.set()
+
+        async with trio.open_nursery() as host:  # the host's own nursery, cancelled by it
+            host.start_soon(functools.partial(namespace["serve"], tmp_path / "s", config,
+                                              emit, environ=ENV))
+            with trio.fail_after(60):
+                await both.wait()
+            host.cancel_scope.cancel()
         assert sorted(lines) == ["R-1 COMPLETED completed", "R-2 COMPLETED completed"]
 
 
@@ -254,10 +201,10 @@ class TestAMixedBatch:
                      http_provider("main", "anthropic", server.anthropic_url, retries=1,
                                    max_concurrency=32)]
         # (No cooldown here: the per-case 503s would otherwise cool "main" down for all.)
-        config = _config(providers, max_rounds=2, base_delay_s=0.05)
+        config = batch_config(providers, max_rounds=2, base_delay_s=0.05)
         async with open_engine(store=tmp_path / "s", config=config, environ=ENV,
                                concurrency=64, clock=TrioClock(0.0)) as engine:
-            await _intake_many(engine, tmp_path, ids, real)
+            await intake_many(engine, tmp_path, ids, real)
             final: dict[str, Any] = {}
             for _ in range(4):  # passes, waiting for due retries between them
                 for r in await engine.run_until_idle():
@@ -278,7 +225,7 @@ class TestAMixedBatch:
         assert counts == {"COMPLETED": 455, "ERROR": 40, "BLOCKED": 25}
         assert per_txn > 1.5, per_txn  # the actors' publications shared transactions
         assert refuser.requests  # it was asked, and refused every time
-        _verified(tmp_path / "s")
+        verified(tmp_path / "s")
         if real:
             check = open_ro(tmp_path / "s")
             some = sorted(real)[0]

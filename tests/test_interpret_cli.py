@@ -13,40 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PYTHON, REPO, child_env, run_viano
+from tests.conftest import PYTHON, child_env, run_viano
+from tests.loopback.process import Provider, start_provider
 from tests.phase_helpers import FIXTURES, SAMPLE
 
 KEY = "sk-VIANO-CLI-9d8c7b6a5f4e3d2c1b0a"
-
-
-class Provider:
-    """``python -m tests.loopback`` in its own process, logging every request."""
-
-    def __init__(self, tmp: Path, answers: Path, *, mode: str = "ok", script: str = "",
-                 delay_ms: int = 0):
-        self.log = tmp / f"provider-{time.monotonic_ns()}.log"
-        args = [PYTHON, "-m", "tests.loopback", "--mode", mode, "--answers", str(answers),
-                "--log", str(self.log), "--delay-ms", str(delay_ms)]
-        if script:
-            args += ["--script", script]
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, cwd=REPO,
-                                     env=child_env())
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().split()
-        assert line[0] == "listening", line
-        self.port = int(line[1])
-
-    @property
-    def calls(self) -> list[dict[str, str]]:
-        if not self.log.exists():
-            return []
-        return [json.loads(x) for x in self.log.read_text().splitlines() if x.strip()]
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait(timeout=10)
-        if self.proc.stdout:
-            self.proc.stdout.close()
 
 
 @pytest.fixture
@@ -61,14 +32,9 @@ def answers(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def provider(tmp_path: Path, answers: Path) -> Iterator[Provider]:
-    p = _start(tmp_path, answers)
+    p = start_provider(tmp_path, answers)
     yield p
     p.stop()
-
-
-def _start(tmp: Path, answers: Path, *, mode: str = "ok", script: str = "",
-           delay_ms: int = 0) -> Provider:
-    return Provider(tmp, answers, mode=mode, script=script, delay_ms=delay_ms)
 
 
 def _config(tmp: Path, port: int, *, retries: int = 0, extra: str = "",
@@ -110,7 +76,7 @@ class TestRoundPolicyThroughTheCli:
     def test_retry_pending_not_due_blocked_unblock(self, tmp_path: Path, answers: Path) -> None:
         """Exit 10 with a due time; exit 11 not_due before it (no request); exit 12 after
         max_rounds; `viano unblock`; then exit 0."""
-        p = _start(tmp_path, answers, mode="503")
+        p = start_provider(tmp_path, answers, mode="503")
         try:
             store = tmp_path / "s"
             _intake(store)
@@ -132,7 +98,7 @@ class TestRoundPolicyThroughTheCli:
             assert r.returncode == 0, r.stderr
         finally:
             p.stop()
-        up = _start(tmp_path, answers)
+        up = start_provider(tmp_path, answers)
         try:
             code, doc = _interpret(store, _config(tmp_path, up.port,
                                                   extra="[retry]\nmax_rounds = 3\n"))
@@ -178,7 +144,7 @@ class TestSigkill:
     def test_sigkill_mid_call_then_resumed(self, tmp_path: Path, answers: Path) -> None:
         """SIGKILL while the model is being asked (the provider answers slowly): the next
         dispatch asks again, and the round record counts the repeat."""
-        slow = _start(tmp_path, answers, delay_ms=60_000)
+        slow = start_provider(tmp_path, answers, delay_ms=60_000)
         store = tmp_path / "s"
         _intake(store)
         try:
@@ -195,7 +161,7 @@ class TestSigkill:
             proc.wait(timeout=30)
         finally:
             slow.stop()
-        fast = _start(tmp_path, answers)
+        fast = start_provider(tmp_path, answers)
         try:
             code, doc = _interpret(store, _config(tmp_path, fast.port))
         finally:
@@ -246,8 +212,8 @@ class TestTheKeyGoesNowhere:
         """The first provider echoes the key in its 401s (and fails over), the second is
         down twice (retries) and then answers; with --log-json on: the key's bytes are in no
         file of the store (SQLite, WAL, blobs), no log, no output and no export."""
-        echo = _start(tmp_path, answers, mode="401")
-        flaky = _start(tmp_path, answers, script="503,503")
+        echo = start_provider(tmp_path, answers, mode="401")
+        flaky = start_provider(tmp_path, answers, script="503,503")
         store = tmp_path / "s"
         _intake(store)
         cfg = _config(tmp_path, 0, providers=f"""

@@ -5,6 +5,7 @@
         engine.submit("BUG-21")                        # fire and forget …
         first = await engine.results.receive()         # … its result arrives here
         await engine.run_until_idle()                  # every case with work now
+        await engine.serve()                           # the daemon's loop, until cancelled
         events = engine.subscribe()                    # phase steps and results
 
 Leaving the block shuts down in order: no new work is taken, the case actors still running

@@ -25,23 +25,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = Config.resolve(args.config)
         with event_log(args.log_json):
             return COMMANDS[args.command](args, out, config)
-    except SystemExit as exc:  # --help printed its text
+    except BaseException as exc:  # every ending gets a reason and a code
+        return _report(out, _cause(exc))
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """What a command failed of: the error itself, or, for an exception group (a failure
+    inside a nursery), its first leaf that is not a cancellation."""
+    while isinstance(exc, BaseExceptionGroup):
+        leaves = [e for e in exc.exceptions if not _only_cancelled(e)]
+        exc = (leaves or list(exc.exceptions))[0]
+    return exc
+
+
+def _only_cancelled(exc: BaseException) -> bool:
+    import trio
+
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only_cancelled(e) for e in exc.exceptions)
+    return isinstance(exc, trio.Cancelled)
+
+
+def _report(out: Output, exc: BaseException) -> int:
+    if isinstance(exc, SystemExit):  # --help printed its text
         return exc.code if isinstance(exc.code, int) else 0
-    except VianoError as exc:
+    if isinstance(exc, VianoError):
         out.error(exc)
         return exc.exit_code
-    except KeyboardInterrupt:
-        out.note("interrupted: only committed generations were kept")
+    if isinstance(exc, KeyboardInterrupt):
+        error = VianoError("interrupted: only committed generations were kept",
+                           reason="interrupted",
+                           hint="Run the same command again: it resumes from durable state.")
+        error.exit_code = EXIT_INTERRUPTED
+        out.error(error)
         return EXIT_INTERRUPTED
-    except BrokenPipeError:
+    if isinstance(exc, BrokenPipeError):
         _quiet_stdout()
         return 0
-    except Exception as exc:  # the last line of defence still prints a reason
-        if os.environ.get("VIANO_DEBUG"):
-            traceback.print_exc()
-        error = VianoError(f"unexpected {exc.__class__.__name__}; set VIANO_DEBUG=1 for details")
-        out.error(error)
-        return error.exit_code
+    if not isinstance(exc, Exception):
+        raise exc
+    # The last line of defence still prints a reason.
+    if os.environ.get("VIANO_DEBUG"):
+        traceback.print_exception(exc)
+    error = VianoError(f"unexpected {exc.__class__.__name__}; set VIANO_DEBUG=1 for details")
+    out.error(error)
+    return error.exit_code
 
 
 def _quiet_stdout() -> None:

@@ -131,18 +131,20 @@ async def _passes(engine: Engine, selection: list[str] | None, tally: _Tally, *,
     done = 0
     while passes is None or done < passes:
         done += 1
-        for result in await engine.run_until_idle(selection):
-            tally.add(result)
+        await engine.run_until_idle(selection, on_result=tally.add)
         if passes is not None and done >= passes:
             return
-        held = [r for r in tally.final.values() if r.result.reason in ("locked",
-                                                                       "stale_generation")]
+        held = {r.case_id for r in tally.final.values() if r.result.status == "DEFERRED"
+                and r.result.reason in ("locked", "stale_generation")}
         if selection is None:
             due = set(await engine.due(4096))
-            if due - {r.case_id for r in held}:
+            if due - held:
                 continue
             if due:
                 await trio.sleep(LOCKED_RETRY_S)
+                continue
+            if held:  # another process finished them: say where they ended up
+                await engine.run_until_idle(sorted(held), on_result=tally.add)
                 continue
         elif held:
             await trio.sleep(LOCKED_RETRY_S)
@@ -178,8 +180,7 @@ def cmd_daemon(args: argparse.Namespace, out: Output, config: Config) -> int:
 
 
 async def _daemon(args: argparse.Namespace, out: Output, config: Config) -> None:
-    """Until SIGTERM/SIGINT: find work in the due index, hand it to case actors, and wait
-    for the next result, the next due time or the next poll, whichever comes first."""
+    """Until SIGTERM/SIGINT: the engine's serve loop, with its results printed."""
     async with open_engine(store=store_location(args, config), config=config,
                            concurrency=args.concurrency) as engine:
         stop = trio.Event()
@@ -190,23 +191,10 @@ async def _daemon(args: argparse.Namespace, out: Output, config: Config) -> None
             await nursery.start(_watch_signals, stop, work)
             with work:
                 nursery.start_soon(_report_results, engine, out)
-                while not stop.is_set():
-                    free = args.concurrency - engine.in_flight
-                    if free > 0:
-                        for case_id in await engine.due(free + engine.in_flight):
-                            engine.submit(case_id)
-                    await _nap(engine, args.poll_s)
+                await engine.serve(poll_s=args.poll_s)
             nursery.cancel_scope.cancel()
         out.note(f"viano daemon stopped: {engine.in_flight} case(s) were in flight; their "
                  "committed state is kept")
-
-
-async def _nap(engine: Engine, poll_s: float) -> None:
-    """Sleep until the earliest of: the next poll, the next due time, a free slot."""
-    next_due = await trio.to_thread.run_sync(engine.store.store.next_due)
-    wait = poll_s if next_due is None else min(poll_s, max(0.0, next_due - engine.clock.now()))
-    with trio.move_on_after(wait):
-        await engine.wait_for_slot()
 
 
 async def _report_results(engine: Engine, out: Output) -> None:

@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import IO
 
+from engine import UsageError
+
 
 class _JsonLines(logging.Handler):
     def __init__(self, stream: IO[str]):
@@ -36,7 +38,13 @@ def event_log(target: str | None) -> Iterator[None]:
         yield
         return
     logger = logging.getLogger("viano.events")
-    stream: IO[str] = sys.stderr if target == "-" else open(target, "a", encoding="utf-8")  # noqa: SIM115
+    try:
+        stream: IO[str] = sys.stderr if target == "-" else open(  # noqa: SIM115
+            target, "a", encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--log-json cannot write {target!r}: {exc.strerror or exc}",
+                         hint="Give a file in a directory that exists and is writable, "
+                              "or '-' for stderr.") from exc
     handler = _JsonLines(stream)
     old_level = logger.level
     logger.addHandler(handler)

@@ -64,8 +64,8 @@ def _globals(with_defaults: bool) -> Parser:
                         "config/analysis.local.toml if it exists, else built-in defaults)")
     g.add_argument("--json", action="store_true", default=default(False),
                    help="print one JSON document on stdout and nothing else")
-    g.add_argument("--log-json", nargs="?", const="-", default=default(None), metavar="FILE",
-                   help="write one JSON line per phase step and result to FILE (default: "
+    g.add_argument("--log-json", default=default(None), metavar="FILE",
+                   help="write one JSON line per phase step and result to FILE ('-' for "
                         "stderr); off unless given")
     return p
 

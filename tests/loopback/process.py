@@ -1,0 +1,46 @@
+"""The loopback provider server in its own process (``python -m tests.loopback``), for tests
+whose Viano runs as real processes too."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+from tests.conftest import PYTHON, REPO, child_env
+
+
+class Provider:
+    """``python -m tests.loopback`` in its own process, logging every request."""
+
+    def __init__(self, tmp: Path, answers: Path, *, mode: str = "ok", script: str = "",
+                 delay_ms: int = 0):
+        self.log = tmp / f"provider-{time.monotonic_ns()}.log"
+        args = [PYTHON, "-m", "tests.loopback", "--mode", mode, "--answers", str(answers),
+                "--log", str(self.log), "--delay-ms", str(delay_ms)]
+        if script:
+            args += ["--script", script]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, cwd=REPO,
+                                     env=child_env())
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().split()
+        assert line[0] == "listening", line
+        self.port = int(line[1])
+
+    @property
+    def calls(self) -> list[dict[str, str]]:
+        if not self.log.exists():
+            return []
+        return [json.loads(x) for x in self.log.read_text().splitlines() if x.strip()]
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+        if self.proc.stdout:
+            self.proc.stdout.close()
+
+
+def start_provider(tmp: Path, answers: Path, *, mode: str = "ok", script: str = "",
+                   delay_ms: int = 0) -> Provider:
+    return Provider(tmp, answers, mode=mode, script=script, delay_ms=delay_ms)

@@ -1,0 +1,298 @@
+"""``viano run``, ``viano batch`` and ``viano daemon`` as real processes against a loopback
+provider in its own process: SIGTERM mid-batch (exit 0) and a restart that finishes every
+case with exactly one batch, a case taken in while the daemon runs, Ctrl-C and resume, two
+batches on one store at once, and the JSON summary."""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import subprocess
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+from actors import open_store
+from engine import IntakeLimits, prepare_intake
+from tests.batch_helpers import GENERIC_HYPOTHESES, GENERIC_INTERPRETATION
+from tests.conftest import PYTHON, REPO, child_env, run_viano
+from tests.loopback.process import Provider
+from tests.store_helpers import open_ro
+
+KEY = "sk-VIANO-BATCH-5e4d3c2b1a09f8e7"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def answers(tmp_path: Path) -> Path:
+    d = tmp_path / "answers"
+    d.mkdir()
+    (d / "interpretation_v1.json").write_text(GENERIC_INTERPRETATION)
+    (d / "hypotheses_v1.json").write_text(GENERIC_HYPOTHESES)
+    return d
+
+
+@pytest.fixture
+def slow_provider(tmp_path: Path, answers: Path) -> Iterator[Provider]:
+    """Every answer takes 150 ms: there is always a call in flight to interrupt."""
+    p = Provider(tmp_path, answers, delay_ms=150)
+    yield p
+    p.stop()
+
+
+def _config(tmp: Path, port: int, *, auto_confirm: bool = True) -> Path:
+    cfg = tmp / "viano.toml"
+    cfg.write_text(f"""
+[interpretation]
+auto_confirm = {'true' if auto_confirm else 'false'}
+
+[[providers]]
+name = "loopback"
+kind = "openai"
+base_url = "http://127.0.0.1:{port}/v1"
+model = "m"
+api_key_env = "VIANO_BATCH_KEY"
+retries = 0
+timeout_s = 30
+""")
+    return cfg
+
+
+def _env(cfg: Path) -> dict[str, str]:
+    return child_env(VIANO_CONFIG=str(cfg), VIANO_BATCH_KEY=KEY)
+
+
+async def _intake(store: Path, tmp: Path, ids: list[str]) -> None:
+    async with open_store(store) as handle:
+        for case_id in ids:
+            report = tmp / f"{case_id}.txt"
+            report.write_text(f"Crash in {case_id}\nIt crashes on start.\n")
+            await handle.intake(prepare_intake(report, [], case_id=case_id,
+                                               limits=IntakeLimits()))
+
+
+class _Process:
+    """A ``viano`` child whose stdout and stderr lines arrive on queues (read by threads,
+    so a test waits on lines, never on the clock)."""
+
+    def __init__(self, *args: str | Path, env: dict[str, str]):
+        self.proc = subprocess.Popen(
+            [PYTHON, "-c", "from viano_bug_analysis.cli import run; run()",
+             *[str(a) for a in args]], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, env=env, cwd=REPO)
+        self.queues: dict[str, queue.Queue[str | None]] = {"out": queue.Queue(),
+                                                            "err": queue.Queue()}
+        self.seen: list[str] = []
+        self.errors: list[str] = []
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        for name, stream in (("out", self.proc.stdout), ("err", self.proc.stderr)):
+            threading.Thread(target=self._pump, args=(stream, self.queues[name]),
+                             daemon=True).start()
+
+    @staticmethod
+    def _pump(stream: IO[str], into: queue.Queue[str | None]) -> None:
+        for line in stream:
+            into.put(line.rstrip("\n"))
+        into.put(None)
+
+    def next_line(self, stream: str = "out", timeout: float = 60) -> str | None:
+        line = self.queues[stream].get(timeout=timeout)
+        if line is not None:
+            (self.seen if stream == "out" else self.errors).append(line)
+        return line
+
+    def until(self, predicate: Any, stream: str = "out", timeout: float = 120) -> None:
+        """Read lines until ``predicate(lines_so_far)`` holds (each line at most
+        ``timeout`` seconds after the one before)."""
+        lines = self.seen if stream == "out" else self.errors
+        while not predicate(lines):
+            if self.next_line(stream, timeout) is None:
+                raise AssertionError(f"the process ended first: {lines[-5:]}, "
+                                     f"{self.finish()[1][-2000:]}")
+
+    def finish(self, timeout: float = 60) -> tuple[int, str]:
+        rc = self.proc.wait(timeout=timeout)
+        for stream in ("out", "err"):
+            while self.next_line(stream, timeout) is not None:
+                pass
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        return rc, "\n".join(self.errors)
+
+
+def _completed(lines: list[str]) -> set[str]:
+    return {line.split()[0] for line in lines
+            if " COMPLETED completed (phase GENERATING_HYPOTHESES" in line}
+
+
+def _completed_in(store: Path) -> set[str]:
+    """The cases whose durable status is COMPLETED in the hypotheses phase (a case whose
+    commit finished as the daemon stopped is done even if its line was never printed)."""
+    check = open_ro(store)
+    try:
+        return {ref.case_id for ref in check.list_cases()
+                if ref.status is not None and ref.status.status == "COMPLETED"
+                and ref.status.phase == "GENERATING_HYPOTHESES"}
+    finally:
+        check.close()
+
+
+def _one_batch_each(store: Path, ids: list[str]) -> None:
+    check = open_ro(store)
+    try:
+        for case_id in ids:
+            files = check.head(case_id)[1].files
+            assert sum(p.endswith("/hypotheses.json") for p in files) == 1, case_id
+            assert sum(p.endswith("/registry.json") for p in files) == 1, case_id
+    finally:
+        check.close()
+    r = run_viano("verify", "--store", store)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+class TestDaemon:
+    async def test_sigterm_mid_batch_then_a_restart_finishes_everything(
+            self, tmp_path: Path, slow_provider: Provider) -> None:
+        """SIGTERM while calls are in flight: exit 0 promptly, committed state kept. The
+        restarted daemon finishes every case, with exactly one accepted batch each, and
+        picks up a case taken in while it runs."""
+        store = tmp_path / "s"
+        ids = [f"D-{i}" for i in range(6)]
+        await _intake(store, tmp_path, ids)
+        env = _env(_config(tmp_path, slow_provider.port))
+        first = _Process("daemon", "--store", store, "--concurrency", "2", "--poll-s", "0.2",
+                         env=env)
+        first.until(lambda seen: len(seen) >= 1)   # a result: the daemon is mid-batch
+        first.proc.send_signal(signal.SIGTERM)
+        rc, err = first.finish(timeout=30)
+        assert rc == 0, err
+        assert "viano daemon stopped" in err
+
+        second = _Process("daemon", "--store", store, "--concurrency", "3", "--poll-s",
+                          "0.2", env=env)
+        remaining = set(ids) - _completed_in(store)
+        assert remaining  # it really was stopped mid-batch
+        second.until(lambda seen: _completed(seen) >= remaining)
+        report = tmp_path / "late.txt"
+        report.write_text("Late crash\nIt crashes too.\n")
+        r = run_viano("intake", "--store", store, "--report", report, "--case-id", "D-LATE",
+                      env=env)
+        assert r.returncode == 0, r.stderr
+        second.until(lambda seen: "D-LATE" in _completed(seen))
+        second.proc.send_signal(signal.SIGTERM)
+        rc, err = second.finish(timeout=30)
+        assert rc == 0, err
+        _one_batch_each(store, [*ids, "D-LATE"])
+        hyp_calls = Counter(c["case_id"] for c in slow_provider.calls
+                            if c["prompt_id"] == "hypotheses_v1")
+        # at most one repeat per case: a call cancelled by SIGTERM before its checkpoint
+        assert all(n <= 2 for n in hyp_calls.values()), hyp_calls
+
+
+class TestBatch:
+    async def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(
+            self, tmp_path: Path, slow_provider: Provider) -> None:
+        """SIGINT after the first result: exit 130 with a JSON summary that says so; the
+        same command again finishes the rest (what was done is skipped because the store
+        says it is done)."""
+        store = tmp_path / "s"
+        ids = [f"B-{i}" for i in range(6)]
+        await _intake(store, tmp_path, ids)
+        env = _env(_config(tmp_path, slow_provider.port))
+        first = _Process("batch", "--store", store, "--all", "--concurrency", "2", env=env)
+        # plain lines on a pipe: one per result, then the summary
+        first.until(lambda seen: len(seen) >= 1)
+        first.proc.send_signal(signal.SIGINT)
+        rc, _err = first.finish(timeout=30)
+        assert rc == 130, first.seen
+        assert "interrupted: run the same command to resume" in first.seen[-1]
+
+        calls_before = len(slow_provider.calls)
+        again = run_viano("batch", "--store", store, "--all", "--concurrency", "3", "--json",
+                          env=env)
+        assert again.returncode == 0, again.stderr
+        doc = json.loads(again.stdout)
+        assert doc["summary"]["interrupted"] is False
+        assert {r["case_id"] for r in doc["results"]} <= set(ids)
+        assert all(r["status"] == "COMPLETED" for r in doc["results"])
+        assert doc["summary"]["store"]["publications_per_transaction"] >= 1, doc["summary"]
+        _one_batch_each(store, ids)
+        assert len(slow_provider.calls) > calls_before
+        done = run_viano("batch", "--store", store, "--all", "--json", env=env)
+        assert done.returncode == 0 and json.loads(done.stdout)["summary"]["cases"] == 0
+
+    async def test_interrupted_under_json_still_prints_one_document(
+            self, tmp_path: Path, slow_provider: Provider) -> None:
+        store = tmp_path / "s"
+        await _intake(store, tmp_path, [f"J-{i}" for i in range(4)])
+        env = _env(_config(tmp_path, slow_provider.port))
+        proc = _Process("batch", "--store", store, "--all", "--concurrency", "1", "--json",
+                        "--log-json", "-", env=env)
+        proc.until(lambda lines: any('"step": "enter"' in x for x in lines), stream="err")
+        proc.proc.send_signal(signal.SIGINT)
+        rc, _err = proc.finish(timeout=30)
+        assert rc == 130
+        doc = json.loads("\n".join(proc.seen))
+        assert doc["summary"]["interrupted"] is True
+
+    async def test_two_batches_on_one_store_at_once(
+            self, tmp_path: Path, slow_provider: Provider) -> None:
+        """No case is dispatched by both at the same time (one model call per case and
+        phase) and none gets two batches."""
+        store = tmp_path / "s"
+        ids = [f"T-{i}" for i in range(8)]
+        await _intake(store, tmp_path, ids)
+        env = _env(_config(tmp_path, slow_provider.port))
+        a = _Process("batch", "--store", store, "--all", "--concurrency", "3", "--json",
+                     env=env)
+        b = _Process("batch", "--store", store, "--all", "--concurrency", "3", "--json",
+                     env=env)
+        (ra, _), (rb, _) = a.finish(timeout=120), b.finish(timeout=120)
+        assert (ra, rb) == (0, 0), (a.seen[-3:], b.seen[-3:])
+        _one_batch_each(store, ids)
+        calls = Counter((c["case_id"], c["prompt_id"]) for c in slow_provider.calls)
+        assert set(calls.values()) == {1}, calls
+        assert len(calls) == 2 * len(ids)
+
+    async def test_run_is_one_pass_and_waits_for_nobody(
+            self, tmp_path: Path, answers: Path) -> None:
+        """`viano run` without auto_confirm: each case's interpretation, then it waits for
+        a person (exit 0, the results say awaiting_confirmation)."""
+        provider = Provider(tmp_path, answers)
+        try:
+            store = tmp_path / "s"
+            await _intake(store, tmp_path, ["R-1", "R-2"])
+            env = _env(_config(tmp_path, provider.port, auto_confirm=False))
+            r = run_viano("run", "--store", store, "R-1", "R-2", "--json", env=env)
+        finally:
+            provider.stop()
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert {(x["case_id"], x["reason"]) for x in doc["results"]} == {
+            ("R-1", "awaiting_confirmation"), ("R-2", "awaiting_confirmation")}
+        unknown = run_viano("run", "--store", store, "NOPE", env=env)
+        assert unknown.returncode == 2 and "unknown_case" in unknown.stderr
+
+
+class TestInterrupts:
+    async def test_ctrl_c_during_a_single_dispatch_under_json(
+            self, tmp_path: Path, slow_provider: Provider) -> None:
+        """Ctrl-C while `viano interpret --json` waits on the model: exit 130 and still one
+        JSON document on stdout, with the reason and what to do."""
+        store = tmp_path / "s"
+        await _intake(store, tmp_path, ["I-1"])
+        env = _env(_config(tmp_path, slow_provider.port))
+        proc = _Process("interpret", "--store", store, "I-1", "--json", "--log-json", "-",
+                        env=env)
+        proc.until(lambda lines: any('"step": "enter"' in x for x in lines), stream="err")
+        proc.proc.send_signal(signal.SIGINT)
+        rc, _err = proc.finish(timeout=30)
+        assert rc == 130
+        error = json.loads("\n".join(proc.seen))["error"]
+        assert error["reason"] == "interrupted" and "again" in error["hint"]

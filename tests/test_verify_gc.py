@@ -127,11 +127,13 @@ class TestVerify:
         assert any("parent_generation" in v for v in found)
         assert any("ref points at generation 2" in v for v in found)
 
-    def test_unknown_case_is_a_violation(self, cli: Cli, sample: Path, store_dir: Path) -> None:
-        """verify CASE for a case that does not exist exits 1 naming it."""
+    def test_an_unknown_case_is_a_usage_error(self, cli: Cli, sample: Path,
+                                              store_dir: Path) -> None:
+        """verify CASE for a case that does not exist: exit 2 unknown_case naming it, as
+        every other command says (not 1, which means the store has violations)."""
         _intake(cli, sample, store_dir)
         r = cli("verify", "--store", store_dir, "NOPE")
-        assert r.code == 1 and "NOPE" in r.out
+        assert r.code == 2 and "unknown_case" in r.err and "NOPE" in r.err
 
     def test_leftover_temporary_files_are_counted_and_gc_removes_them(
             self, cli: Cli, sample: Path, store_dir: Path) -> None:

@@ -9,6 +9,7 @@ refuses the publication if it changed in between.
 
 from __future__ import annotations
 
+import re
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -19,7 +20,7 @@ import attrs
 
 from .._canonical import artifact_json, sha256_hex
 from .._config import IntakeLimits
-from .._errors import ArchiveRejected, ChangeRejected, InputRejected
+from .._errors import ArchiveRejected, ChangeRejected, InputRejected, UsageError
 from .._ids import validate_case_id
 from .._store import BytesSource, Change, FileSource, validate_logical_path
 from .._store._sources import BlobSource, hash_stream
@@ -39,10 +40,20 @@ class Attachment:
 
     @classmethod
     def parse(cls, spec: str) -> Attachment:
-        """``[ROLE=]FILE``; a prefix that is not a known role is part of the file name."""
+        """``[ROLE=]FILE``. A prefix that is not a known role is part of the file name
+        only if that file exists: ``diag=log.txt`` is a misspelt role, not a file named
+        so, and ``source=`` names no file at all."""
         role, sep, rest = spec.partition("=")
         if sep and role in ROLES:
+            if not rest:
+                raise UsageError(f"--attach {spec!r} names no file after '{role}='",
+                                 hint=f"Write --attach {role}=PATH.")
             return cls(role=role, path=Path(rest))
+        if sep and re.fullmatch(r"[A-Za-z_-]+", role) and not Path(spec).exists():
+            raise UsageError(f"--attach {spec!r}: {role!r} is not a role (and no file of "
+                             "that whole name exists)",
+                             hint=f"Use one of {', '.join(ROLES)}, e.g. --attach "
+                                  f"diagnostics={rest or 'PATH'}.")
         return cls(role="attachment", path=Path(spec))
 
 

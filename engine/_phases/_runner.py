@@ -163,11 +163,15 @@ def round_change(spec: PhaseSpec, view: PackageView, step: RunRound, outcome: Ro
            "attempts": attempts, "started_at": started_at, "finished_at": utc_now_iso()}
     files[path] = BytesSource.of(artifact_json(doc))
     change = Change(files=files, pointers={f"{spec.pointer_prefix}_last_round": path})
-    return _round_result(spec, change, outcome.status, step, max_rounds, unavailable, due)
+    why = "; ".join(f"{a.provider}: {a.detail}" + (f" ({a.error})" if a.error else "")
+                    for a in outcome.attempts)
+    return _round_result(spec, change, outcome.status, step, max_rounds, unavailable, due,
+                         why)
 
 
 def _round_result(spec: PhaseSpec, change: Change, kind: RoundStatus, step: RunRound,
-                  max_rounds: int, unavailable: int, due: float | None) -> RoundRecord:
+                  max_rounds: int, unavailable: int, due: float | None,
+                  why: str) -> RoundRecord:
     def status(value: str, reason: str, due_at: float | None = None) -> CaseStatus:
         return CaseStatus(status=value, phase=spec.phase, reason=reason, round=step.round,
                           max_rounds=max_rounds, due_at=due_at, attempt_id=step.attempt_id)
@@ -186,7 +190,7 @@ def _round_result(spec: PhaseSpec, change: Change, kind: RoundStatus, step: RunR
     if kind is RoundStatus.CONFIGURATION:
         return RoundRecord(change, status("ERROR", "provider_configuration"), ERROR,
                            "provider_configuration",
-                           "every provider refused the request (HTTP 4xx or a missing key): "
+                           f"every provider refused the request ({why or 'no attempts'}): "
                            "fix the provider configuration; no retry is scheduled", None)
     return RoundRecord(change, status("RUNNING", "answer_checkpointed"), COMPLETED,
                        "answer_checkpointed", "the answer is checkpointed", None)

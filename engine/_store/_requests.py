@@ -68,7 +68,9 @@ class CaseStatus:
 
 
 def iso_utc(posix: float) -> str:
-    return datetime.fromtimestamp(posix, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """A due time to the second, rounded **up**: a person (or a cron job) acting at the time
+    shown is never told the round is not due yet."""
+    return datetime.fromtimestamp(math.ceil(posix), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _case_id(_inst: Any, _attr: Any, value: str) -> None:

@@ -40,12 +40,22 @@ class _Console(Console):
         raise BrokenPipeError
 
 
+def _console(*, stderr: bool) -> _Console:
+    """A console that never wraps a line it did not choose to: on a terminal, its width;
+    anywhere else (a pipe, a file, a CI log) as wide as the content, so ``grep`` and ``cut``
+    see one row per line and no word broken in two."""
+    console = _Console(stderr=stderr, soft_wrap=True, highlight=False, markup=False,
+                       emoji=False)
+    if not console.is_terminal:
+        console.width = 10_000
+    return console
+
+
 class Output:
     def __init__(self, as_json: bool):
         self.as_json = as_json
-        self.out = _Console(soft_wrap=True, highlight=False, markup=False, emoji=False)
-        self.err = _Console(stderr=True, soft_wrap=True, highlight=False, markup=False,
-                            emoji=False)
+        self.out = _console(stderr=False)
+        self.err = _console(stderr=True)
         self.documents = 0
 
     def document(self, value: Any) -> None:

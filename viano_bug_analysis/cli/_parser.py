@@ -16,16 +16,31 @@ DESCRIPTION = ("Viano analyses bug cases: intake stores the originals and a cano
 
 EXIT_CODES = ("exit codes: 0 success, 2 usage error or rejected input (nothing written), "
               "10 RETRY_PENDING, 11 DEFERRED, 12 BLOCKED, 13 ERROR, 1 violations found "
-              "(verify) or internal failure")
+              "(verify), a damaged store or an internal failure, 130 interrupted")
 
 
 class Parser(argparse.ArgumentParser):
     """An argument parser whose usage errors are Viano errors (so ``--json`` gets its one
     JSON document for them too), never a bare ``SystemExit`` with text on stderr."""
 
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        # "--conc 4" is not "--concurrency 4": an abbreviation would change its meaning the
+        # day a second option starts with the same letters.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message}",
                          hint=f"Run '{self.prog} --help' to see its arguments.")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("viano")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _seconds(text: str) -> float:
@@ -63,7 +78,8 @@ def _globals(with_defaults: bool) -> Parser:
                    help="configuration file (env VIANO_CONFIG; default "
                         "config/analysis.local.toml if it exists, else built-in defaults)")
     g.add_argument("--json", action="store_true", default=default(False),
-                   help="print one JSON document on stdout and nothing else")
+                   help="print exactly one JSON document on stdout and nothing else on "
+                        "stdout (errors are that document; stderr keeps its human lines)")
     g.add_argument("--log-json", default=default(None), metavar="FILE",
                    help="write one JSON line per phase step and result to FILE ('-' for "
                         "stderr); off unless given")
@@ -73,6 +89,7 @@ def _globals(with_defaults: bool) -> Parser:
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="viano", description=DESCRIPTION, epilog=EXIT_CODES,
                     parents=[_globals(True)])
+    parser.add_argument("--version", action="version", version=f"viano {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                 parser_class=Parser)
     common = [_globals(False)]
@@ -174,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep unreferenced files younger than this (default 600): another "
                         "process may be about to commit them")
 
-    add("demo", "run the bundled sample case BUG-20 in a temporary store and print "
-                "its catalogue")
+    add("demo", "the bundled sample case BUG-20 end to end (intake, interpretation, "
+                "confirmation, hypotheses, verify) in a temporary store with the bundled "
+                "fixture provider: no network, no key, nothing kept (--store and the "
+                "configured providers are not used)")
     return parser

@@ -33,6 +33,7 @@ from engine import (
     PhaseRefused,
     PhaseSpec,
     confirm_change,
+    interpretation_paths,
     reopen_change,
     unblock_change,
 )
@@ -52,8 +53,12 @@ def request_for(spec: PhaseSpec, config: Config, attempt_id: str = "default"
 def require_providers(config: Config) -> None:
     if not config.providers:
         raise ConfigError(f"{config.source}: no [[providers]] are configured, so no model can "
-                          "be asked", hint="Add a [[providers]] table (kind openai, "
-                          "anthropic or fixture); see config/analysis.example.toml.")
+                          "be asked",
+                          hint="Give a configuration with a [[providers]] table (kind "
+                               "openai, anthropic or fixture) by --config FILE, VIANO_CONFIG "
+                               "or config/analysis.local.toml; copy "
+                               "config/analysis.example.toml to start. 'viano demo' runs "
+                               "with a bundled fixture provider.")
 
 
 async def dispatch_one(location: str, config: Config, spec: PhaseSpec, case_id: str,
@@ -69,13 +74,37 @@ def print_result(out: Output, result: DispatchResult) -> None:
         return
     extra = []
     if result.round is not None:
-        extra.append(f"round {result.round}/{result.max_rounds}")
+        # max_rounds bounds the rounds without an available provider, not every round (a
+        # round every provider refused, or an invalid answer, does not count against it).
+        extra.append(f"round {result.round}" if result.max_rounds is None else
+                     f"round {result.round}, at most {result.max_rounds} without a provider")
     if result.due_at is not None:
         extra.append(f"due {result.to_json()['due_at']}")
     out.line(f"{result.case_id}: {result.status} ({result.reason}) {result.message}")
     out.line(f"  phase {result.phase}, revision {result.analysis_revision}, generation "
              f"{result.package_generation}, attempt {result.attempt_id}"
              + (f", {', '.join(extra)}" if extra else ""))
+    hint = NEXT_STEP.get(str(result.reason))
+    if hint:
+        out.line(f"  what to do: {hint.format(case=result.case_id)}")
+
+
+# What a person does next after a result that is not the end of the road.
+NEXT_STEP = {
+    "locked": "another dispatch holds {case}; run the same command again once it is done",
+    "stale_generation": "another writer moved {case} meanwhile; run the same command again",
+    "not_due": "run it again after the due time, or let 'viano batch --wait' or "
+               "'viano daemon' do it",
+    "providers_unavailable": "nothing to fix if the outage is temporary: run again after "
+                             "the due time, or let 'viano batch --wait' or 'viano daemon' "
+                             "do it",
+    "rounds_exhausted": "check the providers, then 'viano unblock {case}'",
+    "awaiting_confirmation": "read it ('viano cat {case} <summary.md path>' or 'viano log "
+                             "{case}'), then 'viano confirm {case}'",
+    "invalid_answer": "see the errors file named above; ask again with a new --attempt-id",
+    "provider_configuration": "fix the provider configuration (keys, base_url, model); "
+                              "then run the same command again",
+}
 
 
 def cmd_interpret(args: argparse.Namespace, out: Output, config: Config) -> int:
@@ -97,11 +126,20 @@ def _dispatch_cmd(args: argparse.Namespace, out: Output, config: Config,
 
 
 def _operation(args: argparse.Namespace, config: Config,
-               make: Callable[[PackageView], tuple[Change, CaseStatus] | None]
-               ) -> Snapshot | None:
-    async def go() -> Snapshot | None:
+               make: Callable[[PackageView], tuple[Change, CaseStatus] | None],
+               already: Callable[[PackageView], str] | None = None,
+               ) -> tuple[Snapshot, bool, str | None]:
+    """The operation under the case's lease: the head after it, whether it changed
+    anything, and (when it did not) ``already`` of the head."""
+    async def go() -> tuple[Snapshot, bool, str | None]:
         async with open_store(store_location(args, config), create=False) as store:
-            return await case_operation(store, args.case, make)
+            snap = await case_operation(store, args.case, make)
+            if snap is not None:
+                return snap, True, None
+            head = (await store.head(args.case))[1]
+            view = PackageView(head.manifest, store.store.read_blob)
+            said = None if already is None else await trio.to_thread.run_sync(already, view)
+            return head, False, said
 
     return trio.run(go)
 
@@ -115,17 +153,17 @@ def _who(args: argparse.Namespace) -> str:
         return "unknown"
 
 
-def _print_operation(out: Output, case_id: str, what: str, snap: Snapshot | None,
-                     nothing: str) -> None:
-    doc: dict[str, Any] = {"case_id": case_id, "operation": what, "changed": snap is not None}
-    if snap is not None:
-        m = snap.manifest
-        doc.update(package_id=m.package_id, package_generation=m.package_generation,
-                   analysis_revision=m.analysis_revision, phase=m.phase)
+def _print_operation(out: Output, case_id: str, what: str, snap: Snapshot,
+                     changed: bool) -> None:
+    """One operation's outcome: the same fields whether it changed the case or found it
+    done already."""
+    m = snap.manifest
+    doc: dict[str, Any] = {"case_id": case_id, "operation": what, "changed": changed,
+                           "package_id": m.package_id,
+                           "package_generation": m.package_generation,
+                           "analysis_revision": m.analysis_revision, "phase": m.phase}
     if out.as_json:
         out.document(doc)
-    elif snap is None:
-        out.line(f"{case_id}: {nothing}")
     else:
         out.line(f"{case_id}: {what} (generation {doc['package_generation']}, revision "
                  f"{doc['analysis_revision']}, phase {doc['phase']})")
@@ -133,16 +171,25 @@ def _print_operation(out: Output, case_id: str, what: str, snap: Snapshot | None
 
 def cmd_confirm(args: argparse.Namespace, out: Output, config: Config) -> int:
     by = _who(args)
-    snap = _operation(args, config, lambda view: confirm_change(view, by))
-    _print_operation(out, args.case, f"interpretation confirmed by {by}", snap,
-                     "the interpretation of this revision is already confirmed")
+
+    def already(view: PackageView) -> str:
+        path = interpretation_paths(view.manifest.analysis_revision)["confirmation"]
+        doc = view.read_object(path)
+        return (f"the interpretation of this revision was already confirmed by "
+                f"{doc.get('confirmed_by')} at {doc.get('confirmed_at')}; nothing changed")
+
+    snap, changed, said = _operation(args, config, lambda view: confirm_change(view, by),
+                                     already)
+    _print_operation(out, args.case, said or f"interpretation confirmed by {by}", snap,
+                     changed)
     return 0
 
 
 def cmd_reopen(args: argparse.Namespace, out: Output, config: Config) -> int:
     by = _who(args)
-    snap = _operation(args, config, lambda view: reopen_change(view, args.reason, by))
-    _print_operation(out, args.case, "reopened in a new analysis revision", snap, "")
+    snap, changed, _ = _operation(args, config,
+                                  lambda view: reopen_change(view, args.reason, by))
+    _print_operation(out, args.case, "reopened in a new analysis revision", snap, changed)
     return 0
 
 
@@ -157,6 +204,7 @@ def cmd_unblock(args: argparse.Namespace, out: Output, config: Config) -> int:
                                reason="not_blocked")
         return unblock_change(view, spec, by)
 
-    snap = _operation(args, config, make)
-    _print_operation(out, args.case, "unblocked: a new series of rounds may run", snap, "")
+    snap, changed, _ = _operation(args, config, make)
+    _print_operation(out, args.case, "unblocked: a new series of rounds may run", snap,
+                     changed)
     return 0

@@ -23,6 +23,7 @@ from engine import (
     Published,
     Store,
     UntrustedJson,
+    UsageError,
     VianoError,
     collect_garbage,
     export_package,
@@ -54,7 +55,7 @@ def cmd_status(args: argparse.Namespace, out: Output, config: Config) -> int:
         with reading(args, config) as store:
             refs = store.list_cases()
     except NotFound as exc:
-        if exc.reason != "no_store":
+        if exc.reason != "no_store" or args.cases:  # asked about cases: there are none
             raise
         refs = []
     if args.cases:
@@ -68,12 +69,12 @@ def cmd_status(args: argparse.Namespace, out: Output, config: Config) -> int:
     if out.as_json:
         out.document(rows)
     elif not rows:
-        out.line(f"no cases in {store_location(args, config)}")
+        out.line(f"no cases in {store_location(args, config)} ('viano intake' adds one)")
     else:
         out.table(None, ["case", "phase", "status", "reason", "round", "revision",
                          "generation", "due"],
                   [(r["case_id"], r["phase"], r["status"] or "-", r["reason"] or "-",
-                    f"{r['round']}/{r['max_rounds']}" if r["round"] else "-",
+                    str(r["round"]) if r["round"] else "-",
                     r["analysis_revision"], r["package_generation"], r["due_at"] or "-")
                    for r in rows])
     return 0
@@ -147,6 +148,18 @@ def cmd_cat(args: argparse.Namespace, out: Output, config: Config) -> int:
         except UnicodeDecodeError:
             doc["base64"] = base64.b64encode(data).decode("ascii")
         out.document(doc)
+    elif sys.stdout.isatty():
+        # The exact bytes are for a pipe or a file; a terminal gets text with its control
+        # characters escaped (a report or a log may carry escape sequences), and binary
+        # is refused rather than sprayed over it.
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UsageError(f"{args.path} is binary ({entry.size} bytes); it is not "
+                             "written to a terminal",
+                             hint="Redirect it to a file (viano cat … > FILE) or use "
+                                  "--json for base64.") from None
+        out.line(text.removesuffix("\n"))
     else:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
@@ -259,6 +272,8 @@ def _describe(h: dict[str, Any]) -> str:
 
 def cmd_verify(args: argparse.Namespace, out: Output, config: Config) -> int:
     with reading(args, config) as store:
+        for case_id in args.cases:
+            store.case(case_id)  # an unknown case is a usage error (2), not a violation
         total = len(args.cases) if args.cases else len(store.list_cases())
         with out.progress("verifying cases", total) as advance:
             report = verify_store(store, args.cases or None, progress=advance,
@@ -266,10 +281,12 @@ def cmd_verify(args: argparse.Namespace, out: Output, config: Config) -> int:
     if out.as_json:
         out.document(report.to_json())
     else:
+        leftovers = report.orphan_blob_files + report.temporary_files
         out.line(f"{report.cases} cases, {report.generations} generations, "
                  f"{report.blobs_checked} blobs rehashed, "
                  f"{report.orphan_blob_files} orphan blob files and "
-                 f"{report.temporary_files} temporary files (run 'viano gc')")
+                 f"{report.temporary_files} temporary files"
+                 + (" ('viano gc' removes them)" if leftovers else ""))
         for v in report.violations:
             out.line(f"VIOLATION {v.case_id}: {v.what}")
         out.line("ok" if report.ok else f"{len(report.violations)} violation(s) in "

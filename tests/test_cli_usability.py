@@ -1,0 +1,235 @@
+"""What a new user of the command line runs into (each found by probing it as one): typos
+and mistakes refused with a reason and a next step, output that stays readable in a pipe
+and safe on a terminal, and the same answer for the same question."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from engine import CaseStatus, iso_utc
+from tests.conftest import PYTHON, REPO, Cli, child_env, run_viano
+
+
+def _fixture_config(tmp: Path, sample: Path, *, path: Path | None = None) -> Path:
+    cfg = tmp / "c.toml"
+    cfg.write_text(f'[[providers]]\nname = "fx"\nkind = "fixture"\n'
+                   f'path = "{path or sample / "fixtures"}"\n')
+    return cfg
+
+
+def _intake(cli: Cli, store: Path, sample: Path, *extra: str) -> None:
+    r = cli("intake", "--store", store, "--report", sample / "report.json", "--attach",
+            f"diagnostics={sample / 'wowdiag.zip'}", "--attach", f"source={sample / 'wowsrc.zip'}",
+            *extra)
+    assert r.code == 0, r.err
+
+
+class TestMistakesAreRefused:
+    @pytest.mark.parametrize("spec", ["diag=x.log", "Diagnostics=x.log", "source=",
+                                      "diagnostics="])
+    def test_a_misspelt_or_empty_attach_role(self, cli: Cli, sample: Path, tmp_path: Path,
+                                             spec: str) -> None:
+        r = cli("intake", "--store", tmp_path / "s", "--report", sample / "report.json",
+                "--attach", spec, "--json")
+        assert r.code == 2 and r.json["error"]["reason"] == "usage_error"  # type: ignore[index]
+        assert not (tmp_path / "s").exists()  # nothing half-written
+
+    def test_a_file_whose_name_holds_an_equals_sign_is_still_an_attachment(
+            self, cli: Cli, sample: Path, tmp_path: Path) -> None:
+        odd = tmp_path / "run=3.log"
+        odd.write_text("line\n")
+        r = cli("intake", "--store", tmp_path / "s", "--report", sample / "report.json",
+                "--attach", str(odd), "--json")
+        assert r.code == 0, r.err
+
+    def test_abbreviated_options_are_not_guessed(self, cli: Cli, tmp_path: Path) -> None:
+        r = cli("status", "--stor", tmp_path / "s", "--json")
+        assert r.code == 2 and "--stor" in r.json["error"]["message"]  # type: ignore[index]
+
+    def test_log_json_needs_its_file_and_a_writable_one(self, cli: Cli,
+                                                        tmp_path: Path) -> None:
+        r = cli("status", "--store", tmp_path / "s", "--log-json")
+        assert r.code == 2 and "expected one argument" in r.err
+        r = cli("status", "--store", tmp_path / "s", "--json", "--log-json",
+                tmp_path / "no" / "such" / "dir.log")
+        assert r.code == 2 and r.json["error"]["reason"] == "usage_error"  # type: ignore[index]
+        assert "internal_error" not in r.err
+
+    def test_version(self, cli: Cli) -> None:
+        from importlib.metadata import version
+
+        r = cli("--version")
+        assert r.code == 0 and r.out.strip() == f"viano {version('viano')}"
+
+    def test_no_providers_says_where_to_put_them(self, cli: Cli, sample: Path,
+                                                 tmp_path: Path) -> None:
+        _intake(cli, tmp_path / "s", sample)
+        r = cli("interpret", "BUG-20", "--store", tmp_path / "s", "--json")
+        hint = r.json["error"]["hint"]  # type: ignore[index]
+        assert "--config" in hint and "VIANO_CONFIG" in hint and "viano demo" in hint
+
+
+class TestTheSameQuestionTheSameAnswer:
+    def test_an_unknown_case_is_exit_2_everywhere(self, cli: Cli, sample: Path,
+                                                  tmp_path: Path) -> None:
+        store = tmp_path / "s"
+        _intake(cli, store, sample)
+        for cmd in (["verify", "NOPE"], ["status", "NOPE"], ["log", "NOPE"],
+                    ["show", "NOPE"]):
+            r = cli(*cmd, "--store", store, "--json")
+            assert (r.code, r.json["error"]["reason"]) == (2, "unknown_case"), cmd  # type: ignore[index]
+
+    def test_asking_about_a_case_in_a_store_that_does_not_exist(self, cli: Cli,
+                                                                tmp_path: Path) -> None:
+        for cmd in (["status", "NOPE"], ["verify", "NOPE"], ["log", "NOPE"]):
+            r = cli(*cmd, "--store", tmp_path / "none", "--json")
+            assert (r.code, r.json["error"]["reason"]) == (2, "no_store"), cmd  # type: ignore[index]
+        listed = cli("status", "--store", tmp_path / "none")
+        assert listed.code == 0 and "'viano intake' adds one" in listed.out
+        assert not (tmp_path / "none").exists()
+
+    def test_verify_mentions_gc_only_when_there_is_something_to_remove(
+            self, cli: Cli, sample: Path, tmp_path: Path) -> None:
+        store = tmp_path / "s"
+        _intake(cli, store, sample)
+        assert "viano gc" not in cli("verify", "--store", store).out
+        orphan = store / "blobs" / "sha256" / "ab" / ("ab" * 32)
+        orphan.parent.mkdir(parents=True, exist_ok=True)
+        orphan.write_bytes(b"orphan")
+        assert "'viano gc' removes them" in cli("verify", "--store", store).out
+
+    def test_confirming_twice_reports_the_same_fields_and_who_confirmed(
+            self, cli: Cli, sample: Path, tmp_path: Path) -> None:
+        store, cfg = tmp_path / "s", _fixture_config(tmp_path, sample)
+        _intake(cli, store, sample)
+        assert cli("interpret", "BUG-20", "--store", store, "--config", cfg).code == 0
+        first = cli("confirm", "BUG-20", "--by", "alice", "--store", store, "--json").json
+        again = cli("confirm", "BUG-20", "--by", "bob", "--store", store, "--json").json
+        assert isinstance(first, dict) and isinstance(again, dict)
+        assert set(first) == set(again)
+        assert (first["changed"], again["changed"]) == (True, False)
+        assert "already confirmed by alice" in again["operation"]
+        assert "bob" not in again["operation"]
+
+
+class TestResultsSayWhatHappened:
+    def test_a_refused_provider_round_names_why(self, cli: Cli, sample: Path,
+                                                tmp_path: Path) -> None:
+        """A fixture provider with no answer for the case: the message carries the
+        attempt's detail (fixture_missing), not only 'every provider refused'."""
+        store = tmp_path / "s"
+        empty = tmp_path / "empty"
+        empty.mkdir()
+        _intake(cli, store, sample)
+        r = cli("interpret", "BUG-20", "--store", store, "--config",
+                _fixture_config(tmp_path, sample, path=empty), "--json")
+        assert r.code == 13
+        doc = r.json
+        assert isinstance(doc, dict) and doc["reason"] == "provider_configuration"
+        assert "fx: fixture_missing" in doc["message"]
+        text = cli("status", "--store", store)
+        assert "None" not in text.out
+
+    def test_a_deferred_result_says_what_to_do(self, cli: Cli, sample: Path,
+                                               tmp_path: Path) -> None:
+        from engine import SqliteStore
+
+        store, cfg = tmp_path / "s", _fixture_config(tmp_path, sample)
+        _intake(cli, store, sample)
+        backend = SqliteStore.open(store, write=True)
+        try:
+            with backend.lease("BUG-20"):
+                r = cli("interpret", "BUG-20", "--store", store, "--config", cfg)
+        finally:
+            backend.close()
+        assert r.code == 11
+        assert "what to do: another dispatch holds BUG-20" in r.out
+
+    def test_due_times_are_rounded_up(self) -> None:
+        """Acting at the second shown is never too early."""
+        assert iso_utc(1.2) == "1970-01-01T00:00:02Z"
+        assert iso_utc(5.0) == "1970-01-01T00:00:05Z"
+
+    def test_the_status_table_of_a_round_without_a_bound(self, cli: Cli, sample: Path,
+                                                         tmp_path: Path) -> None:
+        """A dispatch interrupted mid-call leaves RUNNING, round 1, no max_rounds: the
+        table says 1, not '1/None'."""
+        import trio
+
+        from actors import open_store
+
+        store = tmp_path / "s"
+        _intake(cli, store, sample)
+
+        async def running() -> None:
+            async with open_store(store) as handle:
+                snap = await handle.snapshot("BUG-20")
+                await snap.set_status(CaseStatus(status="RUNNING", phase="INTERPRETING_CASE",
+                                                 reason="calling_model", round=1))
+
+        trio.run(running)
+        out = cli("status", "--store", store).out
+        assert "None" not in out and "RUNNING" in out
+
+
+class TestOutputStaysReadable:
+    def test_a_piped_table_has_one_row_per_line(self, cli: Cli, sample: Path,
+                                                tmp_path: Path) -> None:
+        """In a pipe (no terminal width) rows are never wrapped, however long."""
+        store = tmp_path / "s"
+        long_id = "CASE-" + "x" * 59  # the longest id there is, and a long phase beside it
+        _intake(cli, store, sample, "--case-id", long_id)
+        r = run_viano("status", "--store", store)
+        lines = r.stdout.splitlines()
+        assert any(long_id in line and "READY" in line for line in lines), lines
+        assert len(lines) == 5  # top border, header, rule, the row, bottom border
+
+    def test_cat_to_a_terminal(self, cli: Cli, sample: Path, tmp_path: Path) -> None:
+        """On a terminal: text with its control characters escaped, binary refused (exit
+        2); to a pipe: the exact bytes."""
+        store = tmp_path / "s"
+        _intake(cli, store, sample)
+        zip_bytes = (sample / "wowdiag.zip").read_bytes()
+        piped = subprocess.run([PYTHON, "-c", "from viano_bug_analysis.cli import run; run()",
+                                "cat", "--store", str(store), "BUG-20", "inputs/wowdiag.zip"],
+                               capture_output=True, env=child_env(), cwd=REPO, check=False)
+        assert piped.returncode == 0 and piped.stdout == zip_bytes
+        code, out = _on_a_terminal(["cat", "--store", str(store), "BUG-20",
+                                    "inputs/wowdiag.zip"])
+        assert code == 2 and b"is binary" in out and zip_bytes[:64] not in out
+        code, out = _on_a_terminal(["cat", "--store", str(store), "BUG-20",
+                                    "inputs/report.json"])
+        assert code == 0 and b'"title"' in out
+
+
+def _on_a_terminal(args: list[str]) -> tuple[int, bytes]:
+    """``viano ARGS`` with stdout and stderr on a pseudo-terminal; its exit code and all it
+    wrote there."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([PYTHON, "-c", "from viano_bug_analysis.cli import run; run()",
+                             *args], stdout=follower, stderr=follower, env=child_env(),
+                            cwd=REPO)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    return proc.wait(timeout=60), b"".join(chunks)
+
+
+def test_every_json_document_is_one(cli: Cli, sample: Path, tmp_path: Path) -> None:
+    """An error under --json is exactly one document on stdout."""
+    r = cli("verify", "NOPE", "--store", tmp_path / "none", "--json")
+    assert json.loads(r.out)["error"]["reason"] == "no_store"

@@ -67,6 +67,7 @@ class CaseResult:
 
     case_id: str
     result: DispatchResult
+    elapsed_s: float = 0.0   # the advance itself, from taking a slot to its result
 
     @property
     def exit_code(self) -> int:
@@ -171,7 +172,9 @@ class Engine:
         """A case actor: the case's lease for its whole advance, bounded by concurrency."""
         try:
             async with self._limiter:
-                running.result = await self._advance(case_id)
+                started = trio.current_time()
+                result = await self._advance(case_id)
+                running.result = attrs.evolve(result, elapsed_s=trio.current_time() - started)
             if running.result.result.status == DEFERRED:  # not now: held elsewhere, not due
                 self._not_before[case_id] = trio.current_time() + self.locked_retry_s
             self._results_send.send_nowait(running.result)

@@ -251,3 +251,20 @@ class TestContextAndArtifacts:
         case = read_case(PackageView(manifest, store.read_blob, store.open_blob))
         assert case.human("S1") and not case.human("S7")
         store.close()
+
+
+class TestDocumentCache:
+    def test_bounded_by_the_memory_parsed_documents_hold(self) -> None:
+        """A parsed document counts PARSED_FACTOR times its bytes beyond them; the least
+        recently used goes first; a document over max_item is never kept."""
+        from engine._phases._view import _Documents
+
+        cache = _Documents(max_bytes=1000, max_item=200)
+        cache.put("a", b"x" * 100, {"a": 1})   # costs 900
+        cache.put("b", b"y" * 50)                # costs 50: 950 in all
+        assert cache.get("a") is not None and cache.get("b") is not None
+        cache.put("c", b"z" * 100, {"c": 1})    # 900 more: "a", least recently used, goes
+        assert cache.get("a") is None and cache.get("b") is not None
+        assert cache.get("c") == (b"z" * 100, {"c": 1})
+        cache.put("big", b"q" * 201)
+        assert cache.get("big") is None

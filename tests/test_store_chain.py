@@ -8,6 +8,7 @@ import json
 import tempfile
 from pathlib import Path
 
+import pytest
 import trio
 import trio.lowlevel
 from hypothesis import HealthCheck, given, settings
@@ -212,3 +213,35 @@ class TestManifestEncoding:
                     "pointers": {"catalogue": "case/catalogue.json"},
                     "files": {p: {"sha256": h, "size": n} for p, (h, n) in files.items()}}
         assert encode_manifest(manifest) == canonical_json(manifest)
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(max_size=8), children, max_size=4), max_leaves=20)
+
+
+class TestArtifactEncoding:
+    @given(_JSON_VALUES)
+    def test_same_bytes_as_the_standard_encoder(self, value: object) -> None:
+        """artifact_json (orjson) writes exactly json.dumps(indent=2, ensure_ascii=False)'s
+        bytes for every JSON value without floats: control characters, quotes, non-ASCII,
+        nesting, empty containers."""
+        import json
+
+        from engine import artifact_json
+
+        expected = (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode()
+        assert artifact_json(value) == expected
+
+    @pytest.mark.parametrize("value", [float("nan"), float("inf"), {"a": [None, -float("inf")]}])
+    def test_non_finite_numbers_are_refused(self, value: object) -> None:
+        from engine import artifact_json
+
+        with pytest.raises(ValueError):
+            artifact_json(value)
+
+    def test_what_orjson_does_not_take_goes_through_the_standard_encoder(self) -> None:
+        from engine import artifact_json
+
+        assert artifact_json({"n": 2**70}) == b'{\n  "n": 1180591620717411303424\n}\n'

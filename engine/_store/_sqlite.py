@@ -56,7 +56,15 @@ from ._wal import Checkpointer
 INLINE_THRESHOLD = 256 * 1024
 PAGE_SIZE = 32 * 1024
 WAL_SIZE_LIMIT = 64 * 1024 * 1024
-CACHE_KIB = 65536  # per connection; the 2 MiB default holds only 62 pages of 32 KiB
+CACHE_KIB = 65536  # the writer's; the 2 MiB default holds only 62 pages of 32 KiB
+# Each worker thread has its own reader connection, and a process may run dozens of
+# threads: 64 MiB each grew a 512-case batch to 600 MB (bench/throughput.py). Readers get
+# a small cache; the OS page cache already holds what they read.
+READER_CACHE_KIB = 4096
+# Parsed manifests kept for the heads in use (a publication needs its parent's): enough for
+# every case in flight at the largest concurrency measured; a manifest of a few hundred
+# files is tens of KiB parsed.
+MANIFEST_CACHE = 1024
 DB_NAME = "store.sqlite3"
 ID_NAME = "store-id"
 _STORE_ENTRIES = frozenset({DB_NAME, ID_NAME, "blobs", "locks", f"{DB_NAME}-wal",
@@ -507,7 +515,7 @@ class SqliteStore:
             key = (manifest.package_id, manifest.package_generation)
             self._cache[key] = manifest
             self._cache.move_to_end(key)
-            while len(self._cache) > 4096:
+            while len(self._cache) > MANIFEST_CACHE:
                 self._cache.popitem(last=False)
 
     def blob_info(self, sha256: str) -> BlobInfo | None:
@@ -782,7 +790,7 @@ def _reader(path: Path, immutable: bool) -> sqlite3.Connection:
                            timeout=30.0)
     try:
         conn.execute("PRAGMA busy_timeout=30000")
-        conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+        conn.execute(f"PRAGMA cache_size=-{READER_CACHE_KIB}")
         conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
     except BaseException:
         conn.close()

@@ -67,10 +67,20 @@ class _Tally:
                 "by_reason": dict(sorted(Counter(str(r.result.reason)
                                                   for r in self.final.values()).items())),
                 "seconds": round(elapsed, 3),
+                "case_seconds": _quantiles([r.elapsed_s for r in self.final.values()]),
                 "cases_per_s": round(len(self.final) / elapsed, 2) if elapsed else None,
                 "store": stats.to_json(),
                 "providers": {n: s.to_json() for n, s in engine.gateway.pool.stats.items()},
                 "dropped_events": engine.dropped_events}
+
+
+def _quantiles(values: list[float]) -> dict[str, float | None]:
+    """p50 and p99 of the cases' advance times (the last advance of each case)."""
+    if not values:
+        return {"p50": None, "p99": None}
+    ordered = sorted(values)
+    return {q: round(ordered[min(len(ordered) - 1, int(f * len(ordered)))], 4)
+            for q, f in (("p50", 0.5), ("p99", 0.99))}
 
 
 def _print_summary(out: Output, summary: dict[str, Any], results: list[CaseResult]) -> None:

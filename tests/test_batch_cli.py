@@ -175,7 +175,7 @@ class TestDaemon:
         assert "viano daemon stopped" in err
 
         second = _Process("daemon", "--store", store, "--concurrency", "3", "--poll-s",
-                          "0.2", env=env)
+                          "0.2", "--log-json", "-", env=env)
         remaining = set(ids) - _completed_in(store)
         assert remaining  # it really was stopped mid-batch
         second.until(lambda seen: _completed(seen) >= remaining)
@@ -188,6 +188,11 @@ class TestDaemon:
         second.proc.send_signal(signal.SIGTERM)
         rc, err = second.finish(timeout=30)
         assert rc == 0, err
+        events = [json.loads(x) for x in second.errors if x.startswith("{")]
+        kinds = Counter(e["event"] for e in events)
+        assert kinds["step"] > 0 and kinds["result"] > 0, kinds  # every transition, logged
+        providers = [e for e in events if e["event"] == "providers"][-1]["providers"]
+        assert providers["loopback"]["answers"] > 0
         _one_batch_each(store, [*ids, "D-LATE"])
         hyp_calls = Counter(c["case_id"] for c in slow_provider.calls
                             if c["prompt_id"] == "hypotheses_v1")

@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from actors import CaseResult, Engine, worst_exit
+from actors import CaseResult, Engine, log_event, worst_exit
 from engine import EXIT_INTERRUPTED, Config, UsageError
 
 from .._engine import open_engine
@@ -203,13 +203,30 @@ async def _daemon(args: argparse.Namespace, out: Output, config: Config) -> None
                 nursery.start_soon(_report_results, engine, out)
                 await engine.serve(poll_s=args.poll_s)
             nursery.cancel_scope.cancel()
+        log_event(_providers_event(engine))
         out.note(f"viano daemon stopped: {engine.in_flight} case(s) were in flight; their "
                  "committed state is kept")
 
 
+PROVIDERS_EVERY_S = 30.0  # how often a daemon logs its providers' statistics
+
+
 async def _report_results(engine: Engine, out: Output) -> None:
+    """A line per result; and, at most every PROVIDERS_EVERY_S while results come, one
+    ``providers`` event (answers, failures by class, cooldowns per provider) for a user
+    watching the daemon through ``--log-json``."""
+    last = trio.current_time()
     async for result in engine.results:
         r = result.result
         if not out.as_json:
             out.line(f"{r.case_id} {r.status} {r.reason} (phase {r.phase}, generation "
                      f"{r.package_generation})")
+        if trio.current_time() - last >= PROVIDERS_EVERY_S:
+            last = trio.current_time()
+            log_event(_providers_event(engine))
+
+
+def _providers_event(engine: Engine) -> dict[str, Any]:
+    return {"event": "providers",
+            "providers": {n: s.to_json() for n, s in engine.gateway.pool.stats.items()},
+            "store": engine.store.stats.to_json(), "in_flight": engine.in_flight}

@@ -9,16 +9,17 @@ limiter), so 10,000 queued cases hold no leases, no file descriptors and no task
 that bound; provider requests are bounded by each provider's ``max_concurrency`` in the
 gateway pool, and the actors' publications share the publisher's group commits.
 
-Work is found through the store's due index (READY cases and RETRY_PENDING ones whose time
-has come), never by scanning every package. Results go to a channel, and every phase step
-and result to the subscribers of the event stream; a slow subscriber loses events (counted)
-rather than slowing the cases down.
+Every advance ends in a result, never an exception that would take other cases down: an
+error of one case (a store hiccup, an unknown id, a bug) is that case's ERROR result. An
+advance that ends with nothing more to do by itself leaves a durable status that says so
+(:meth:`Engine._settled`), so the due index stops offering it. The passes over the due
+index (``run_until_idle``, ``serve``) are in ``_passes.py``.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import AsyncIterator, Callable, Sequence
+import logging
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -31,6 +32,7 @@ from engine import (
     DEFERRED,
     ERROR,
     HYPOTHESES,
+    HYPOTHESES_PHASE,
     INTERPRETATION,
     CaseLocked,
     CaseStatus,
@@ -51,9 +53,12 @@ from ._case_actor import (
     view_of,
 )
 from ._gateway_pool import GatewayHandle
+from ._passes import Passes
 from ._store_handle import StoreHandle
 
 _ORDER = {1: 0, 13: 1, 12: 2, 2: 3, 10: 4, 11: 5, 0: 6}  # CONTRACT: 1 > 13 > 12 > 2 > 10 > 11 > 0
+RESULTS_BUFFER = 10_000  # results of submitted cases nobody has read yet (then: dropped)
+log = logging.getLogger("viano.engine")
 
 
 def worst_exit(codes: Sequence[int]) -> int:
@@ -84,12 +89,12 @@ class CaseResult:
 
 @attrs.define
 class _Running:
+    report: bool                      # submitted: its result goes to Engine.results
     done: trio.Event = attrs.field(factory=trio.Event)
     result: CaseResult | None = None
-    error: BaseException | None = None
 
 
-class Engine:
+class Engine(Passes):
     """Use through :func:`open_engine`."""
 
     def __init__(self, store: StoreHandle, gateway: GatewayHandle, config: Config,
@@ -99,14 +104,21 @@ class Engine:
         self._nursery = nursery
         self._limiter = trio.CapacityLimiter(concurrency)
         self._running: dict[str, _Running] = {}
-        self._results_send, self.results = trio.open_memory_channel[CaseResult](math.inf)
+        self._results_send, self.results = trio.open_memory_channel[CaseResult](
+            RESULTS_BUFFER)
+        self.dropped_results = 0
         self._subscribers: list[trio.MemorySendChannel[dict[str, Any]]] = []
         self.dropped_events = 0
         self.accepting = True
         self._finished = trio.Event()
-        self._not_before: dict[str, float] = {}  # trio time before which a DEFERRED case
-        self.locked_retry_s = 0.2                 # (held elsewhere) is not offered again
+        self._not_before: dict[str, float] = {}  # trio time before which a case that was
+        self.locked_retry_s = 0.2                 # DEFERRED (held elsewhere) is not offered
+        self.failure_retry_s = 5.0                # again; or that failed, or stays due
         self.services = PhaseServices(store, gateway, clock, self._event)
+
+    @property
+    def concurrency(self) -> int:
+        return int(self._limiter.total_tokens)
 
     # -- events ------------------------------------------------------------------------
 
@@ -126,6 +138,12 @@ class Engine:
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self._subscribers.remove(sub)
 
+    def _step(self, case_id: str, step: str, status: CaseStatus, generation: int) -> None:
+        self._event({"event": "step", "case_id": case_id, "phase": status.phase,
+                     "package_generation": generation, "step": step,
+                     "status": status.status, "reason": status.reason,
+                     "round": status.round})
+
     # -- dispatching -------------------------------------------------------------------
 
     def request(self, spec_key: str, attempt_id: str = "default") -> DispatchRequest:
@@ -135,14 +153,13 @@ class Engine:
                                auto_confirm=self.config.interpretation.auto_confirm)
 
     async def dispatch(self, case_id: str) -> CaseResult:
-        """Advance ``case_id`` as far as it can go now and return where it got to. A case
-        already being advanced is joined, not dispatched twice."""
+        """Advance ``case_id`` as far as it can go now and return where it got to (an error
+        of this case is its ERROR result, never an exception). A case already being
+        advanced is joined, not dispatched twice."""
         running = self._running.get(case_id)
         if running is None:
-            running = self._start(case_id)
+            running = self._start(case_id, report=False)
         await running.done.wait()
-        if running.error is not None:
-            raise running.error
         if running.result is None:
             raise VianoError(f"the engine stopped before case {case_id!r} was advanced; "
                              "only what was committed is kept", reason="engine_stopped",
@@ -150,20 +167,20 @@ class Engine:
         return running.result
 
     def submit(self, case_id: str) -> bool:
-        """Advance ``case_id`` in the background; its result arrives on :attr:`results`.
-        False if it is already being advanced (its result arrives once) or the engine no
-        longer takes work."""
+        """Advance ``case_id`` in the background; its result arrives on :attr:`results`
+        (an unknown case, or any error of it, as an ERROR result). False if it is already
+        being advanced (its result arrives once) or the engine no longer takes work."""
         if not self.accepting or case_id in self._running:
             return False
-        self._start(case_id)
+        self._start(case_id, report=True)
         return True
 
     @property
     def in_flight(self) -> int:
         return len(self._running)
 
-    def _start(self, case_id: str) -> _Running:
-        running = _Running()
+    def _start(self, case_id: str, *, report: bool) -> _Running:
+        running = _Running(report)
         self._running[case_id] = running
         self._nursery.start_soon(self._actor, case_id, running)
         return running
@@ -173,24 +190,48 @@ class Engine:
         try:
             async with self._limiter:
                 started = trio.current_time()
-                result = await self._advance(case_id)
+                try:
+                    result = await self._advance(case_id)
+                except Exception as exc:  # this case's error, not the engine's
+                    result = await self._failure(case_id, exc)
                 running.result = attrs.evolve(result, elapsed_s=trio.current_time() - started)
-            if running.result.result.status == DEFERRED:  # not now: held elsewhere, not due
-                self._not_before[case_id] = trio.current_time() + self.locked_retry_s
-            self._results_send.send_nowait(running.result)
-        except Exception as exc:
-            running.error = exc
+            self._hold_back(running.result)
+            if running.report:
+                try:
+                    self._results_send.send_nowait(running.result)
+                except trio.WouldBlock:
+                    self.dropped_results += 1
         finally:
             del self._running[case_id]
             running.done.set()
             self._finished.set()
             self._finished = trio.Event()
 
+    def _hold_back(self, result: CaseResult) -> None:
+        """Keep a case out of the passes for a while when offering it again now would only
+        repeat this result: DEFERRED (another process holds it, or it is not due), or a
+        failure of the case (a store hiccup, an unknown id, a bug)."""
+        r = result.result
+        now = trio.current_time()
+        if r.status == DEFERRED:
+            self._not_before[result.case_id] = now + self.locked_retry_s
+        elif r.reason in ("internal_error", "store_unavailable", "unknown_case"):
+            self._not_before[result.case_id] = now + self.failure_retry_s
+
     async def wait_for_slot(self) -> None:
         """Until a case actor finishes (a slot frees up)."""
         await self._finished.wait()
 
     async def _advance(self, case_id: str) -> CaseResult:
+        ref = await self.store.case(case_id)
+        s = ref.status
+        if s is not None and (s.status, s.phase, s.reason) == (COMPLETED, HYPOTHESES_PHASE,
+                                                               "completed"):
+            # Done, as the store says: no lease, no audit (viano verify audits).
+            return CaseResult(case_id, DispatchResult(
+                case_id, ref.package_id, HYPOTHESES_PHASE, COMPLETED, "completed",
+                "the case is complete (its durable status says so)", ref.analysis_revision,
+                ref.generation, "default"))
         interpretation = self.request("interpretation")
         try:
             with self.store.lease(case_id):
@@ -202,8 +243,11 @@ class Engine:
                 second = await run_phase(self.services, HYPOTHESES, case_id,
                                          self.request("hypotheses"))
                 if second.reason == "interpretation_not_confirmed":
-                    # waiting for a person to confirm
-                    return await self._settled(CaseResult(case_id, first))
+                    waiting = attrs.evolve(
+                        first, reason="awaiting_confirmation",
+                        message="the interpretation is accepted; confirm it with 'viano "
+                                "confirm' before hypotheses are built")
+                    return await self._settled(CaseResult(case_id, waiting))
                 return await self._settled(CaseResult(case_id, second))
         except CaseLocked as exc:
             return CaseResult(case_id, await locked_result(self.services, INTERPRETATION,
@@ -211,92 +255,47 @@ class Engine:
 
     async def _settled(self, result: CaseResult) -> CaseResult:
         """A case whose advance ended with nothing more to do by itself (COMPLETED, BLOCKED,
-        ERROR) but whose durable status still says it has work (READY, RUNNING: a refusal
-        publishes nothing, so the status a person or an import left stays) gets the status
-        its result says, so that the due index stops offering it. Done after the whole
-        advance: a crash before it leaves the case due, which only costs a dispatch."""
+        ERROR) gets the durable status its result says, if the status says anything else:
+        a refusal publishes nothing, so a status left READY by intake, RETRY_PENDING by a
+        round (before a policy change or a lower max_rounds made the next round
+        impossible), or awaiting confirmation would keep the due index offering the case
+        forever. Done after the whole advance: a crash before it leaves the case due,
+        which only costs a dispatch."""
         r = result.result
         if r.status not in (COMPLETED, BLOCKED, ERROR):
             return result
         ref, snap = await self.store.head(result.case_id)
-        if ref.status is None or ref.status.status in ("READY", "RUNNING"):
-            await snap.set_status(CaseStatus(status=r.status, phase=r.phase,
-                                             reason=str(r.reason)))
+        s = ref.status
+        if s is None or (s.status, s.phase, s.reason) != (r.status, r.phase, r.reason):
+            status = CaseStatus(status=r.status, phase=r.phase, reason=str(r.reason))
+            await snap.set_status(status)
+            self._step(result.case_id, "settle", status, ref.generation)
         return result
 
     async def _confirm(self, case_id: str) -> None:
         _ref, snap = await self.store.head(case_id)
         made = await trio.to_thread.run_sync(confirm_change, view_of(snap), "policy:auto_confirm")
         if made is not None:
-            await snap.publish(*made)
+            after = await snap.publish(*made)
+            self._step(case_id, "confirm", made[1], after.generation)
 
-    # -- passes ------------------------------------------------------------------------
-
-    async def due(self, limit: int) -> list[str]:
-        """Case ids with work now, from the store's due index."""
-        now = self.clock.now()  # read here: a TrioClock needs the trio thread
-        refs = await trio.to_thread.run_sync(
-            lambda: self.store.store.due_cases(
-                now, limit, awaiting_confirmation=self.config.interpretation.auto_confirm))
-        return [r.case_id for r in refs]
-
-    async def run_until_idle(self, cases: Sequence[str] | None = None, *,
-                             on_result: Callable[[CaseResult], None] | None = None,
-                             ) -> list[CaseResult]:
-        """Advance every case with work now (or the given ones) until none of them has
-        any; returns each advance's result, in the order they finished (``on_result``
-        hears of each as it finishes). Never sleeps for a due time."""
-        out: list[CaseResult] = []
-        wanted = set(cases) if cases is not None else None
-        tried: set[str] = set()
-        while True:
-            if wanted is None:
-                batch = [c for c in await self.due(int(self._limiter.total_tokens) * 4 + 64)
-                         if c not in tried]
-            else:
-                batch = [c for c in wanted - tried]
-            if not batch:
-                return out
-            async with trio.open_nursery() as pass_nursery:
-                for case_id in batch:
-                    tried.add(case_id)
-                    pass_nursery.start_soon(self._collect, case_id, out, on_result)
-
-    async def _collect(self, case_id: str, out: list[CaseResult],
-                       on_result: Callable[[CaseResult], None] | None) -> None:
-        result = await self.dispatch(case_id)
-        out.append(result)
-        if on_result is not None:
-            on_result(result)
-
-    async def serve(self, *, poll_s: float = 1.0,
-                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The daemon's loop, until cancelled: take the cases with work from the store's
-        due index (new cases, due retries, interpretations to confirm under auto_confirm)
-        into free case actors, then wait for whichever comes first — a case actor
-        finishing, the earliest due time, or the next poll (which finds cases taken in by
-        other processes). A case another process holds is offered again only after
-        ``locked_retry_s``. Results arrive on :attr:`results`."""
-        task_status.started()
-        while True:
-            free = int(self._limiter.total_tokens) - self.in_flight
-            now = trio.current_time()
-            self._not_before = {c: t for c, t in self._not_before.items() if t > now}
-            if free > 0:
-                for case_id in await self.due(free + self.in_flight + len(self._not_before)):
-                    if case_id not in self._not_before:
-                        self.submit(case_id)
-            await self._nap(poll_s)
-
-    async def _nap(self, poll_s: float) -> None:
-        next_due = await trio.to_thread.run_sync(self.store.store.next_due)
-        wait = poll_s
-        if next_due is not None:
-            wait = min(wait, max(0.0, next_due - self.clock.now()))
-        if self._not_before:
-            wait = min(wait, max(0.0, min(self._not_before.values()) - trio.current_time()))
-        with trio.move_on_after(wait):
-            await self.wait_for_slot()
+    async def _failure(self, case_id: str, exc: Exception) -> CaseResult:
+        """``exc`` as this case's ERROR result (and an event): the other cases go on."""
+        if isinstance(exc, VianoError):
+            reason, message = exc.reason, exc.message
+        else:
+            reason, message = "internal_error", f"unexpected {type(exc).__name__} (a bug)"
+            log.error("case %s: unexpected error", case_id, exc_info=exc)
+        try:
+            ref = await self.store.case(case_id)
+            where: tuple[str, str, int, int] = (ref.package_id, ref.phase,
+                                                ref.analysis_revision, ref.generation)
+        except VianoError:
+            where = ("", "", 0, 0)
+        result = DispatchResult(case_id, where[0], where[1], ERROR, reason, message, where[2],
+                                where[3], "default")
+        self._event({"event": "result", **result.to_json()})
+        return CaseResult(case_id, result)
 
 
 @asynccontextmanager

@@ -12,6 +12,7 @@ import attrs
 from engine import (
     PHASE_CHECKS,
     Config,
+    HypothesisPolicy,
     IntakeLimits,
     InterpretationPolicy,
     RetryPolicy,
@@ -53,9 +54,11 @@ GENERIC_HYPOTHESES = json.dumps({"hypotheses": [_hypothesis(1, ["I4", "I1"]),
 
 
 def batch_config(providers: list[Any], *, auto_confirm: bool = True, max_rounds: int = 10,
-            base_delay_s: float = 30.0) -> Config:
+                 base_delay_s: float = 30.0,
+                 hypotheses: HypothesisPolicy | None = None) -> Config:
     return attrs.evolve(Config.defaults(), providers=tuple(providers), gateway=FAST,
                         interpretation=InterpretationPolicy(auto_confirm=auto_confirm),
+                        hypotheses=hypotheses or HypothesisPolicy(),
                         retry=RetryPolicy(max_rounds=max_rounds, base_delay_s=base_delay_s,
                                           max_delay_s=max(base_delay_s, 1.0)))
 

@@ -76,6 +76,20 @@ async def _intake(store: Path, tmp: Path, ids: list[str]) -> None:
                                                limits=IntakeLimits()))
 
 
+_CHILDREN: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_orphans() -> Iterator[None]:
+    """A test that fails midway leaves no daemon running after it."""
+    yield
+    while _CHILDREN:
+        proc = _CHILDREN.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
 class _Process:
     """A ``viano`` child whose stdout and stderr lines arrive on queues (read by threads,
     so a test waits on lines, never on the clock)."""
@@ -85,6 +99,7 @@ class _Process:
             [PYTHON, "-c", "from viano_bug_analysis.cli import run; run()",
              *[str(a) for a in args]], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, env=env, cwd=REPO)
+        _CHILDREN.append(self.proc)
         self.queues: dict[str, queue.Queue[str | None]] = {"out": queue.Queue(),
                                                             "err": queue.Queue()}
         self.seen: list[str] = []
@@ -226,7 +241,8 @@ class TestBatch:
         assert doc["summary"]["interrupted"] is False
         assert {r["case_id"] for r in doc["results"]} <= set(ids)
         assert all(r["status"] == "COMPLETED" for r in doc["results"])
-        assert doc["summary"]["store"]["publications_per_transaction"] >= 1, doc["summary"]
+        store_stats = doc["summary"]["store"]
+        assert store_stats["publications"] > 0 and store_stats["transactions"] > 0
         _one_batch_each(store, ids)
         assert len(slow_provider.calls) > calls_before
         done = run_viano("batch", "--store", store, "--all", "--json", env=env)
@@ -301,3 +317,47 @@ class TestInterrupts:
         assert rc == 130
         error = json.loads("\n".join(proc.seen))["error"]
         assert error["reason"] == "interrupted" and "again" in error["hint"]
+
+
+class TestRefusedBeforeAnyWork:
+    @pytest.mark.parametrize("args", [["batch", "--all"], ["batch", "X-1"], ["run", "--all"],
+                                      ["daemon"]])
+    def test_a_mistyped_store_is_not_created(self, tmp_path: Path, answers: Path,
+                                             args: list[str]) -> None:
+        env = _env(_config(tmp_path, 9))
+        r = run_viano(*args, "--store", tmp_path / "typo", "--json", env=env)
+        assert r.returncode == 2 and json.loads(r.stdout)["error"]["reason"] == "no_store"
+        assert not (tmp_path / "typo").exists()
+
+    @pytest.mark.parametrize(("flag", "value"), [("--concurrency", "99999999999999999999"),
+                                                 ("--concurrency", "20000"),
+                                                 ("--poll-s", "0")])
+    def test_bounds(self, tmp_path: Path, flag: str, value: str) -> None:
+        store = tmp_path / "s"
+        cmd = "daemon" if flag == "--poll-s" else "batch"
+        extra = [] if cmd == "daemon" else ["--all"]
+        r = run_viano(cmd, *extra, "--store", store, flag, value, "--json",
+                      env=_env(_config(tmp_path, 9)))
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert json.loads(r.stdout)["error"]["reason"] == "usage_error"
+
+
+class TestDaemonEndings:
+    async def test_a_second_signal_during_shutdown_is_ignored_and_json_summarises(
+            self, tmp_path: Path, slow_provider: Provider) -> None:
+        """SIGTERM, then SIGINT and SIGTERM again at once: still exit 0, with --json one
+        summary document (results by status, providers) and nothing else on stdout."""
+        store = tmp_path / "s"
+        await _intake(store, tmp_path, [f"S-{i}" for i in range(4)])
+        proc = _Process("daemon", "--store", store, "--concurrency", "2", "--json",
+                        "--log-json", "-", env=_env(_config(tmp_path, slow_provider.port)))
+        proc.until(lambda lines: any('"event": "result"' in x and "GENERATING_HYPOTHESES" in x
+                                     for x in lines), stream="err")  # a case finished
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGTERM):
+            proc.proc.send_signal(sig)
+        rc, err = proc.finish(timeout=30)
+        assert rc == 0, err
+        doc = json.loads("\n".join(proc.seen))
+        assert set(doc["summary"]) >= {"results_by_status", "providers", "store",
+                                       "interrupted_in_flight"}
+        assert doc["summary"]["providers"]["loopback"]["answers"] >= 2

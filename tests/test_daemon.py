@@ -5,6 +5,7 @@ holds again only after a pause — never a busy loop."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
 from pathlib import Path
@@ -34,7 +35,7 @@ def clock() -> trio.testing.MockClock:
 
 async def _serving(nursery: trio.Nursery, tmp: Path, server: LoopbackServer,
                    before: Callable[[Engine], Awaitable[None]] | None = None,
-                   concurrency: int = 16, **kw: Any) -> Engine:
+                   concurrency: int = 16, poll_s: float = 1.0, **kw: Any) -> Engine:
     """An engine serving in ``nursery`` (cancel the nursery to stop it), after
     ``before(engine)`` if given."""
     config = batch_config([http_provider("p", "openai", server.openai_url, timeout_s=LONG)],
@@ -42,16 +43,22 @@ async def _serving(nursery: trio.Nursery, tmp: Path, server: LoopbackServer,
 
     async def run(task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED) -> None:
         async with open_engine(store=tmp / "s", config=config, environ=ENV,
-                               clock=TrioClock(), concurrency=concurrency) as engine:
+                               clock=TrioClock(), concurrency=concurrency) as engine, \
+                trio.open_nursery() as inner:  # serve never outlives its engine
             if before is not None:
                 await before(engine)
-            await nursery.start(lambda task_status: engine.serve(poll_s=1.0,
-                                                                 task_status=task_status))
+            await inner.start(lambda task_status: engine.serve(poll_s=poll_s,
+                                                               task_status=task_status))
             task_status.started(engine)
             await trio.sleep_forever()
 
     engine: Engine = await nursery.start(run)
     return engine
+
+
+@pytest.fixture
+async def server(nursery: trio.Nursery) -> LoopbackServer:
+    return await _server(nursery)
 
 
 async def _server(nursery: trio.Nursery) -> LoopbackServer:
@@ -90,8 +97,13 @@ class TestServe:
                 return "503" if len(asked) == 1 else None
 
             server.mode_for = mode_for
-            engine = await _serving(nursery, tmp_path, server, base_delay_s=30.0)
-            await intake_many(engine, tmp_path, ["LATE-1"])
+            # A poll far beyond the due time: only the due index's next due time wakes it
+            # (the case is taken in before serving starts, so no poll is needed to find it).
+            async def take_in(engine: Engine) -> None:
+                await intake_many(engine, tmp_path, ["LATE-1"])
+
+            engine = await _serving(nursery, tmp_path, server, take_in, base_delay_s=30.0,
+                                    poll_s=10_000.0)
             with trio.fail_after(5):
                 first = await engine.results.receive()
             assert first.result.status == "RETRY_PENDING"
@@ -164,3 +176,185 @@ class TestServe:
                     pass
             assert r.result.status == "COMPLETED"
             nursery.cancel_scope.cancel()
+
+
+class TestNothingSpinsNothingStarves:
+    @pytest.mark.parametrize("trigger", ["max_rounds lowered", "policy edited"])
+    async def test_a_due_retry_that_can_no_longer_run_is_settled(
+            self, tmp_path: Path, clock: trio.abc.Clock, trigger: str) -> None:
+        """A retry comes due after the configuration changed under it (fewer rounds
+        allowed: BLOCKED; another hypotheses policy: ERROR policy_changed). Neither
+        publishes anything, yet the case is offered once and settles, and the cases
+        taken in next are served."""
+        from engine import HypothesisPolicy
+
+        async with trio.open_nursery() as nursery:
+            server = await _server(nursery)
+            prompt = "interpretation_v1" if trigger == "max_rounds lowered" else "hypotheses_v1"
+            server.mode_for = lambda r: "503" if r.prompt_id == prompt else None
+            first = await _serving(nursery, tmp_path, server, base_delay_s=1.0)
+            await intake_many(first, tmp_path, ["LATE-1"])
+            with trio.fail_after(30):
+                assert (await first.results.receive()).result.status == "RETRY_PENDING"
+            nursery.cancel_scope.cancel()
+        changed: dict[str, Any] = ({"max_rounds": 1} if trigger == "max_rounds lowered"
+                                   else {})
+        async with trio.open_nursery() as nursery:
+            server = await _server(nursery)
+            engine = await _serving(
+                nursery, tmp_path, server, base_delay_s=1.0, **changed,
+                **({} if changed else {"hypotheses": HypothesisPolicy(max_hypotheses=4)}))
+            await trio.sleep(2)  # the retry is due
+            await intake_many(engine, tmp_path, ["NEXT-1", "NEXT-2"])
+            results = []
+            with trio.move_on_after(60):
+                async for r in engine.results:
+                    results.append((r.case_id, r.result.status, r.result.reason))
+            late = [x for x in results if x[0] == "LATE-1"]
+            want = (("LATE-1", "BLOCKED", "rounds_exhausted") if changed else
+                    ("LATE-1", "ERROR", "policy_changed"))
+            assert late == [want], results
+            assert {x for x in results if x[0] != "LATE-1"} == {
+                ("NEXT-1", "COMPLETED", "completed"), ("NEXT-2", "COMPLETED", "completed")}
+            status = (await engine.store.case("LATE-1")).status
+            assert status is not None and (status.status, status.reason) == want[1:]
+            nursery.cancel_scope.cancel()
+
+    @pytest.mark.parametrize("how", ["run_until_idle", "serve"])
+    async def test_cases_held_elsewhere_never_starve_the_rest(
+            self, tmp_path: Path, clock: trio.abc.Clock, how: str) -> None:
+        """Twenty cases another process holds (first in the index's order) and five free
+        ones, one slot: the free ones complete."""
+        held_ids = [f"A-{i:02d}" for i in range(20)]
+        free_ids = [f"Z-{i}" for i in range(5)]
+        leases = ExitStack()
+
+        async def hold(engine: Engine) -> None:
+            await intake_many(engine, tmp_path, held_ids + free_ids)
+            for case_id in held_ids:
+                leases.enter_context(engine.store.lease(case_id))
+
+        async with trio.open_nursery() as nursery:
+            server = await _server(nursery)
+            if how == "serve":
+                engine = await _serving(nursery, tmp_path, server, hold, concurrency=1)
+                done: set[str] = set()
+                with leases, trio.fail_after(600):
+                    async for r in engine.results:
+                        if r.result.status == "COMPLETED":
+                            done.add(r.case_id)
+                        if done >= set(free_ids):
+                            break
+            else:
+                config = batch_config([http_provider("p", "openai", server.openai_url,
+                                                     timeout_s=LONG)])
+                async with open_engine(store=tmp_path / "s", config=config, environ=ENV,
+                                       clock=TrioClock(), concurrency=1) as engine:
+                    await hold(engine)
+                    with leases:
+                        results = await engine.run_until_idle()
+                by_case = {r.case_id: r.result for r in results}
+                assert {c: by_case[c].status for c in free_ids} == dict.fromkeys(
+                    free_ids, "COMPLETED")
+                assert all(by_case[c].reason == "locked" for c in held_ids)
+                assert len(results) == len(by_case)  # each case once in one pass
+            nursery.cancel_scope.cancel()
+
+
+class TestOneCaseNeverTakesOthersDown:
+    async def test_an_error_of_one_case_is_its_result(self, tmp_path: Path,
+                                                      server: LoopbackServer) -> None:
+        """An unknown id among real ones (run_until_idle), and submitted alone: an ERROR
+        result for it, on the channel too; the others complete."""
+        config = batch_config([http_provider("p", "openai", server.openai_url)])
+        async with open_engine(store=tmp_path / "s", config=config, environ=ENV) as engine:
+            await intake_many(engine, tmp_path, ["C-1", "C-2"])
+            results = {r.case_id: r.result for r in await engine.run_until_idle(
+                ["C-1", "NOPE", "C-2"])}
+            assert (results["NOPE"].status, results["NOPE"].reason) == ("ERROR",
+                                                                         "unknown_case")
+            assert results["C-1"].status == results["C-2"].status == "COMPLETED"
+            assert engine.submit("ALSO-NOPE")
+            with trio.fail_after(10):
+                r = await engine.results.receive()
+            assert (r.case_id, r.result.reason) == ("ALSO-NOPE", "unknown_case")
+
+    async def test_dispatch_results_do_not_pile_up_on_the_channel(
+            self, tmp_path: Path, server: LoopbackServer) -> None:
+        """Only submitted cases report on ``results`` (a host that dispatches and never
+        reads it does not grow)."""
+        config = batch_config([http_provider("p", "openai", server.openai_url)])
+        async with open_engine(store=tmp_path / "s", config=config, environ=ENV) as engine:
+            await intake_many(engine, tmp_path, ["C-1", "C-2"])
+            await engine.dispatch("C-1")
+            await engine.run_until_idle()
+            with pytest.raises(trio.WouldBlock):
+                engine.results.receive_nowait()
+
+
+class TestTheBounds:
+    async def test_in_flight_model_calls_never_pass_the_concurrency(
+            self, tmp_path: Path, nursery: trio.Nursery) -> None:
+        """Ten cases submitted, concurrency 3, every answer held: exactly 3 calls are
+        waiting at the provider, however long everything settles."""
+        server = generic_server()
+        server.default_mode = "held"
+        await nursery.start(server.serve)
+        config = batch_config([http_provider("p", "openai", server.openai_url,
+                                             max_concurrency=64)])
+        async with open_engine(store=tmp_path / "s", config=config, environ=ENV,
+                               concurrency=3) as engine:
+            await intake_many(engine, tmp_path, [f"C-{i}" for i in range(10)])
+            for i in range(10):
+                assert engine.submit(f"C-{i}")
+            while server.held < 3:
+                await trio.testing.wait_all_tasks_blocked()
+            await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+            assert server.held == 3
+            server.release.set()
+            with trio.fail_after(60):
+                got = {(await engine.results.receive()).case_id for _ in range(10)}
+            assert len(got) == 10
+
+    async def test_a_daemon_confirms_under_auto_confirm(
+            self, tmp_path: Path, clock: trio.abc.Clock) -> None:
+        """A case whose interpretation waits for a person, then a daemon configured to
+        confirm by policy: it confirms (policy:auto_confirm) and builds the hypotheses."""
+        async with trio.open_nursery() as nursery:
+            server = await _server(nursery)
+            config = batch_config([http_provider("p", "openai", server.openai_url,
+                                                 timeout_s=LONG)], auto_confirm=False)
+            async with open_engine(store=tmp_path / "s", config=config, environ=ENV,
+                                   clock=TrioClock()) as engine:
+                await intake_many(engine, tmp_path, ["W-1"])
+                first = await engine.dispatch("W-1")
+                assert first.result.reason == "awaiting_confirmation"
+            engine = await _serving(nursery, tmp_path, server)
+            events = engine.subscribe()
+            with trio.fail_after(60):
+                r = await engine.results.receive()
+            assert (r.result.status, r.result.phase) == ("COMPLETED", "GENERATING_HYPOTHESES")
+            snap = await engine.store.snapshot("W-1")
+            conf = json.loads(await snap.read("analysis/interpretation/0001/confirmation.json"))
+            assert conf["confirmed_by"] == "policy:auto_confirm"
+            steps = []
+            while True:
+                try:
+                    steps.append(events.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            assert any(e.get("step") == "confirm" for e in steps)  # logged like any step
+            nursery.cancel_scope.cancel()
+
+
+def test_the_worst_exit_code_of_many_cases() -> None:
+    """CONTRACT: 1 > 13 > 12 > 2 > 10 > 11 > 0."""
+    from actors import worst_exit
+
+    assert worst_exit([0, 11, 10, 2, 12, 13, 1]) == 1
+    assert worst_exit([0, 11, 10, 2, 12, 13]) == 13
+    assert worst_exit([0, 11, 10, 2, 12]) == 12
+    assert worst_exit([0, 11, 10, 2]) == 2
+    assert worst_exit([0, 11, 10]) == 10
+    assert worst_exit([11, 0]) == 11
+    assert worst_exit([]) == 0

@@ -348,3 +348,43 @@ class TestGcArguments:
 def test_storage_errors_are_viano_errors() -> None:
     """(A guard for the classes above: every refusal they expect is in the tree.)"""
     assert issubclass(StorageError, Exception)
+
+
+class TestClosingUnderUse:
+    def test_close_waits_for_operations_in_progress_and_refuses_new_ones(
+            self, tmp_path: Path) -> None:
+        """Closing a store while another thread is inside a read waits for the read to
+        end (closing a connection under a running statement crashed the interpreter: a
+        host whose serve loop outlived its engine), and any use afterwards is
+        store_unavailable, not a crash."""
+        import threading
+
+        from engine import SqliteStore, StorageError
+
+        store = SqliteStore.open(tmp_path / "s", write=True)
+        inside, release, closed = threading.Event(), threading.Event(), threading.Event()
+
+        def reader() -> None:
+            with store.read_transaction():
+                store.list_cases()
+                inside.set()
+                release.wait(10)
+                store.list_cases()  # still usable: close is waiting for us
+
+        def closer() -> None:
+            store.close()
+            closed.set()
+
+        t1 = threading.Thread(target=reader)
+        t1.start()
+        assert inside.wait(10)
+        t2 = threading.Thread(target=closer)
+        t2.start()
+        assert not closed.wait(0.2)  # blocked on the read in progress
+        release.set()
+        t1.join(10)
+        assert closed.wait(10)
+        t2.join(10)
+        with pytest.raises(StorageError) as err:
+            store.list_cases()
+        assert err.value.reason == "store_unavailable"

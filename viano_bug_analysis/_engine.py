@@ -27,10 +27,13 @@ from engine import Config
 @asynccontextmanager
 async def open_engine(*, store: str | os.PathLike[str], config: Config | None = None,
                       concurrency: int = 16, clock: Clock | None = None,
-                      environ: Mapping[str, str] | None = None) -> AsyncIterator[Engine]:
+                      environ: Mapping[str, str] | None = None,
+                      create: bool = True) -> AsyncIterator[Engine]:
+    """See the module docstring. ``create=False`` refuses a store that does not exist
+    (``NotFound`` no_store) instead of creating it."""
     config = config or Config.resolve(None)
     async with open_gateway(config.providers, config.gateway, environ=environ) as gateway, \
-            open_store(store) as handle, \
+            open_store(store, create=create) as handle, \
             open_engine_on(handle, gateway, config, concurrency=concurrency,
                            clock=clock) as engine:
         yield engine

@@ -21,6 +21,7 @@ thread; readers use one connection per thread.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import io
 import logging
@@ -31,10 +32,10 @@ import uuid
 import zipfile
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Concatenate, ParamSpec, TypeVar
 from urllib.parse import quote
 
 from .._canonical import utc_now_iso
@@ -81,6 +82,56 @@ def _blob_ok(key: bytes, data: bytes | None) -> int:
     return int(data is not None and hashlib.sha256(data).digest() == key)
 
 
+class _Gate:
+    """Counts the operations in progress on a store's connections; ``close`` waits for
+    them and refuses new ones."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._cond = threading.Condition()
+        self._active = 0
+        self._closed = False
+        self._mine = threading.local()  # this thread's depth of nested uses
+
+    @contextmanager
+    def use(self) -> Iterator[None]:
+        depth = getattr(self._mine, "depth", 0)
+        with self._cond:
+            if self._closed and depth == 0:  # a thread already inside may finish its work
+                raise StorageError(f"the store at {self.root} is closed",
+                                   reason="store_unavailable",
+                                   hint="Open it again (a handle is not used after its "
+                                        "block ends).")
+            self._active += 1
+        self._mine.depth = depth + 1
+        try:
+            yield
+        finally:
+            self._mine.depth = depth
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.wait_for(lambda: self._active == 0, timeout_s)
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _guarded(method: Callable[Concatenate[SqliteStore, _P], _R]
+             ) -> Callable[Concatenate[SqliteStore, _P], _R]:
+    """The method runs inside the store's gate (see :class:`_Gate`)."""
+    @functools.wraps(method)
+    def wrapper(self: SqliteStore, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self._gate.use():
+            return method(self, *args, **kwargs)
+    return wrapper
+
+
 class SqliteStore:
     """One store folder: ``store.sqlite3``, ``store-id``, ``blobs/``, ``locks/``."""
 
@@ -104,6 +155,7 @@ class SqliteStore:
         self._cache: OrderedDict[tuple[str, int], Manifest] = OrderedDict()
         self._cache_lock = threading.Lock()
         self._transactions = self._requests = self._bytes = 0
+        self._gate = _Gate(root)
 
     # -- opening ---------------------------------------------------------------------
 
@@ -162,6 +214,10 @@ class SqliteStore:
         return conn
 
     def close(self) -> None:
+        """Wait for the operations in progress on other threads (closing a connection
+        under a running statement crashes the interpreter), refuse new ones
+        (``store_unavailable``), then close every connection."""
+        self._gate.close()
         self._checkpointer.close()
         if self._writer is not None:
             self._writer.close()
@@ -174,6 +230,7 @@ class SqliteStore:
 
     # -- writing ---------------------------------------------------------------------
 
+    @_guarded
     def commit_batch(self, requests: Sequence[Request]) -> list[Outcome]:
         """Commit every acceptable request of the batch in one transaction.
 
@@ -338,8 +395,8 @@ class SqliteStore:
     @contextmanager
     def exclusive(self) -> Iterator[_Exclusive]:
         """Hold the write lock against every commit, in every process (gc)."""
-        conn = self.writer
-        with self._commit_lock, _translate("lock the store"):
+        with self._gate.use(), self._commit_lock, _translate("lock the store"):
+            conn = self.writer
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield _Exclusive(conn)
@@ -348,6 +405,7 @@ class SqliteStore:
                 conn.execute("ROLLBACK")
                 raise
 
+    @_guarded
     def index_problems(self) -> list[str]:
         """What makes the index unfit to judge the blobs by (verify and gc refuse then)."""
         with _translate("inspect the index"):
@@ -368,6 +426,7 @@ class SqliteStore:
                             "them (store-id)")
         return problems
 
+    @_guarded
     def _meta_id(self) -> str | None:
         try:
             row = self.reader.execute("SELECT value FROM meta WHERE key='store_id'").fetchone()
@@ -391,6 +450,7 @@ class SqliteStore:
 
     # -- reading ---------------------------------------------------------------------
 
+    @_guarded
     def _select_refs(self, where: str = "", args: Sequence[Any] = ()) -> list[CaseRef]:
         cols = _REF_COLUMNS if self.version >= 2 else _REF_COLUMNS.split(", status,")[0]
         with _translate("read the case index"):
@@ -409,18 +469,20 @@ class SqliteStore:
     @contextmanager
     def read_transaction(self) -> Iterator[None]:
         """Every read inside sees one committed state of the store (verify's view)."""
-        conn = self.reader
-        if conn.in_transaction:
-            yield
-            return
-        with _translate("read the store"):
-            conn.execute("BEGIN")
-        try:
-            yield
-        finally:
+        with self._gate.use():
+            conn = self.reader
+            if conn.in_transaction:
+                yield
+                return
             with _translate("read the store"):
-                conn.execute("COMMIT")
+                conn.execute("BEGIN")
+            try:
+                yield
+            finally:
+                with _translate("read the store"):
+                    conn.execute("COMMIT")
 
+    @_guarded
     def head(self, case_id: str) -> tuple[CaseRef, Manifest]:
         """The case's index row and its head manifest, read in one read transaction (so
         the status belongs to that generation)."""
@@ -446,6 +508,7 @@ class SqliteStore:
             f"{extra} "
             "ORDER BY COALESCE(due_at, ?), case_id LIMIT ?", (now, now, limit))
 
+    @_guarded
     def next_due(self) -> float | None:
         """The earliest due time of a RETRY_PENDING case, if any."""
         if self.version < 2:
@@ -455,6 +518,7 @@ class SqliteStore:
                                       "status='RETRY_PENDING'").fetchone()
         return None if row[0] is None else float(row[0])
 
+    @_guarded
     def status_counts(self) -> dict[tuple[str, str], int]:
         if self.version < 2:
             sql = "SELECT phase, 'READY', COUNT(*) FROM refs GROUP BY phase"
@@ -463,12 +527,14 @@ class SqliteStore:
         with _translate("count cases"):
             return {(p, s): n for p, s, n in self.reader.execute(sql)}
 
+    @_guarded
     def package_ids(self) -> list[str]:
         with _translate("list packages"):
             rows = self.reader.execute(
                 "SELECT DISTINCT package_id FROM generations ORDER BY package_id").fetchall()
         return [r[0] for r in rows]
 
+    @_guarded
     def generations(self, package_id: str) -> list[GenerationRow]:
         with _translate("read generations"):
             rows = self.reader.execute(
@@ -477,6 +543,7 @@ class SqliteStore:
                 (package_id,)).fetchall()
         return [GenerationRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6]) for r in rows]
 
+    @_guarded
     def manifest(self, package_id: str, generation: int) -> Manifest:
         """Generation ``generation`` of a package, its bytes checked against their hash."""
         return self._manifest(self.reader, package_id, generation)
@@ -518,12 +585,14 @@ class SqliteStore:
             while len(self._cache) > MANIFEST_CACHE:
                 self._cache.popitem(last=False)
 
+    @_guarded
     def blob_info(self, sha256: str) -> BlobInfo | None:
         with _translate("read a blob"):
             row = self.reader.execute("SELECT size, data IS NOT NULL FROM blobs WHERE "
                                       "sha256=?", (bytes.fromhex(sha256),)).fetchone()
         return None if row is None else BlobInfo(row[0], bool(row[1]))
 
+    @_guarded
     def _inline(self, sha256: str) -> bytes | None:
         with _translate("read a blob"):
             row = self.reader.execute("SELECT size, data FROM blobs WHERE sha256=?",

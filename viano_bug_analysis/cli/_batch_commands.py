@@ -10,10 +10,12 @@ because the store says they are done)."""
 from __future__ import annotations
 
 import argparse
+import resource
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
@@ -97,36 +99,50 @@ def _print_summary(out: Output, summary: dict[str, Any], results: list[CaseResul
                               if summary["interrupted"] else ""))
 
 
-async def _watch_signals(stop: trio.Event, scope: trio.CancelScope,
-                         *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-                         ) -> None:
+@asynccontextmanager
+async def _stoppable() -> AsyncIterator[tuple[trio.Event, trio.CancelScope]]:
+    """SIGINT and SIGTERM, taken over for the whole command: the first sets ``stop`` and
+    cancels the work scope (model calls in flight are cancelled, commits in flight finish);
+    any further one is ignored, so a second Ctrl-C or SIGTERM during the orderly shutdown
+    cannot kill the process halfway through it."""
+    stop = trio.Event()
+    work = trio.CancelScope()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        task_status.started()
-        async for _ in signals:
-            stop.set()
-            scope.cancel()
-            return
+        async def watch() -> None:
+            async for _ in signals:
+                if not stop.is_set():
+                    stop.set()
+                    work.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            try:
+                yield stop, work
+            finally:
+                nursery.cancel_scope.cancel()
 
 
 async def _batch(args: argparse.Namespace, out: Output, config: Config, *, wait: bool,
                  passes: int | None) -> tuple[list[CaseResult], dict[str, Any]]:
     selection = _selection(args)
-    async with open_engine(store=store_location(args, config), config=config,
-                           concurrency=args.concurrency) as engine:
-        if selection is not None:
-            for case_id in selection:
-                await engine.store.case(case_id)  # unknown ids are refused before any work
-        total = len(selection) if selection is not None else len(
-            await engine.store.list_cases())
-        stop = trio.Event()
-        with out.progress_with_text("cases", total) as (advance, set_text):
-            tally = _Tally(out, total, advance, set_text)
-            async with trio.open_nursery() as nursery:
-                work = trio.CancelScope()
-                await nursery.start(_watch_signals, stop, work)
-                with work:
+    check_concurrency(args.concurrency)
+    async with _stoppable() as (stop, work):
+        engine: Engine | None = None
+        tally: _Tally | None = None
+        with work:
+            async with open_engine(store=store_location(args, config), config=config,
+                                   concurrency=args.concurrency, create=False) as engine:
+                if selection is not None:
+                    for case_id in selection:
+                        await engine.store.case(case_id)  # unknown ids: refused first
+                    total = len(selection)
+                else:
+                    total = len(await engine.due(1_000_000))
+                with out.progress_with_text("cases", total) as (advance, set_text):
+                    tally = _Tally(out, total, advance, set_text)
                     await _passes(engine, selection, tally, wait=wait, passes=passes)
-                nursery.cancel_scope.cancel()
+        if engine is None or tally is None:  # stopped before it began
+            raise KeyboardInterrupt
         return list(tally.final.values()), tally.summary(engine, stop.is_set())
 
 
@@ -135,35 +151,48 @@ LOCKED_RETRY_S = 0.2  # how soon a case another process holds is tried again
 
 async def _passes(engine: Engine, selection: list[str] | None, tally: _Tally, *,
                   wait: bool, passes: int | None) -> None:
-    """Passes over the cases with work now until none has any (or ``passes`` of them); a
-    case another process holds (DEFERRED locked) is tried again after a short pause; with
-    ``wait``, sleep until the earliest due retry and go on."""
+    """Passes until no case has work this batch can do (or ``passes`` of them). Each pass
+    advances every case with work now, each once; a case is offered again only if it is
+    due afresh (a retry whose time came, a case another process released), so a case
+    whose result does not change its state ends the batch instead of looping. A case
+    another process holds is tried again after a short pause and reported where that
+    process left it; with ``wait``, sleep until the earliest due retry and go on."""
     done = 0
     while passes is None or done < passes:
         done += 1
         await engine.run_until_idle(selection, on_result=tally.add)
         if passes is not None and done >= passes:
             return
-        held = {r.case_id for r in tally.final.values() if r.result.status == "DEFERRED"
-                and r.result.reason in ("locked", "stale_generation")}
-        if selection is None:
-            due = set(await engine.due(4096))
-            if due - held:
-                continue
-            if due:
-                await trio.sleep(LOCKED_RETRY_S)
-                continue
-            if held:  # another process finished them: say where they ended up
-                await engine.run_until_idle(sorted(held), on_result=tally.add)
-                continue
-        elif held:
+        held = sorted(r.case_id for r in tally.final.values()
+                      if r.result.status == "DEFERRED"
+                      and r.result.reason in ("locked", "stale_generation"))
+        if selection is None and await engine.due(1):
+            continue  # due afresh: a retry's time came, or a case was released
+        if held:
             await trio.sleep(LOCKED_RETRY_S)
+            if selection is None:
+                await engine.run_until_idle(held, on_result=tally.add)
             continue
         pending = [r for r in tally.final.values() if r.result.status == "RETRY_PENDING"]
         if not (wait and pending):
             return
         soonest = min(r.result.due_at or 0.0 for r in pending)
         await trio.sleep(max(0.0, soonest - engine.clock.now()))
+
+
+MAX_CONCURRENCY = 10_000
+
+
+def check_concurrency(concurrency: int) -> None:
+    """In-flight cases each hold a lease (a descriptor) and share the HTTP connections:
+    refused beyond what the process may open, rather than failing halfway (EMFILE)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    room = MAX_CONCURRENCY if soft == resource.RLIM_INFINITY else (soft - 128) // 2
+    if concurrency > min(room, MAX_CONCURRENCY):
+        raise UsageError(f"--concurrency {concurrency} is more than this process can hold "
+                         f"in flight (at most {min(room, MAX_CONCURRENCY)} with its limit of "
+                         f"{soft} open files)",
+                         hint="Lower --concurrency, or raise the limit (ulimit -n).")
 
 
 def cmd_run(args: argparse.Namespace, out: Output, config: Config) -> int:
@@ -185,40 +214,58 @@ def cmd_batch(args: argparse.Namespace, out: Output, config: Config) -> int:
 
 def cmd_daemon(args: argparse.Namespace, out: Output, config: Config) -> int:
     require_providers(config)
-    trio.run(_daemon, args, out, config)
+    check_concurrency(args.concurrency)
+    try:
+        trio.run(_daemon, args, out, config)
+    except KeyboardInterrupt:  # a signal before the daemon took the signals over
+        out.note("viano daemon stopped before it started")
     return 0
 
 
 async def _daemon(args: argparse.Namespace, out: Output, config: Config) -> None:
-    """Until SIGTERM/SIGINT: the engine's serve loop, with its results printed."""
-    async with open_engine(store=store_location(args, config), config=config,
-                           concurrency=args.concurrency) as engine:
-        stop = trio.Event()
-        out.note(f"viano daemon: {store_location(args, config)}, concurrency "
-                 f"{args.concurrency}; SIGTERM or Ctrl-C stops it")
-        async with trio.open_nursery() as nursery:
-            work = trio.CancelScope()
-            await nursery.start(_watch_signals, stop, work)
-            with work:
-                nursery.start_soon(_report_results, engine, out)
-                await engine.serve(poll_s=args.poll_s)
-            nursery.cancel_scope.cancel()
+    """Until SIGTERM/SIGINT: the engine's serve loop, with its results printed (with
+    ``--json``: one summary document when it stops)."""
+    counts: Counter[str] = Counter()
+    async with _stoppable() as (_stop, work):
+        engine: Engine | None = None
+        with work:
+            async with open_engine(store=store_location(args, config), config=config,
+                                   concurrency=args.concurrency, create=False) as engine:
+                out.note(f"viano daemon: {store_location(args, config)}, concurrency "
+                         f"{args.concurrency}; SIGTERM or Ctrl-C stops it")
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_report_results, engine, out, counts)
+                    await engine.serve(poll_s=args.poll_s)
+        if engine is None:
+            return
+        while True:  # the results that arrived as it stopped count too
+            try:
+                counts[engine.results.receive_nowait().result.status] += 1
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+        in_flight = engine.in_flight
         log_event(_providers_event(engine))
-        out.note(f"viano daemon stopped: {engine.in_flight} case(s) were in flight; their "
+        out.note(f"viano daemon stopped: {in_flight} case(s) were in flight; their "
                  "committed state is kept")
+        if out.as_json:
+            out.document({"summary": {"results_by_status": dict(sorted(counts.items())),
+                                      "interrupted_in_flight": in_flight,
+                                      **_providers_event(engine)}})
 
 
 PROVIDERS_EVERY_S = 30.0  # how often a daemon logs its providers' statistics
 
 
-async def _report_results(engine: Engine, out: Output) -> None:
-    """A line per result; and, at most every PROVIDERS_EVERY_S while results come, one
+async def _report_results(engine: Engine, out: Output, counts: Counter[str]) -> None:
+    """A line per result (not the DEFERRED ones of cases another process holds: those are
+    only retried); and, at most every PROVIDERS_EVERY_S while results come, one
     ``providers`` event (answers, failures by class, cooldowns per provider) for a user
     watching the daemon through ``--log-json``."""
     last = trio.current_time()
     async for result in engine.results:
         r = result.result
-        if not out.as_json:
+        counts[r.status] += 1
+        if not out.as_json and r.status != "DEFERRED":
             out.line(f"{r.case_id} {r.status} {r.reason} (phase {r.phase}, generation "
                      f"{r.package_generation})")
         if trio.current_time() - last >= PROVIDERS_EVERY_S:

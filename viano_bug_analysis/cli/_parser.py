@@ -54,6 +54,14 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _poll_seconds(text: str) -> float:
+    value = _seconds(text)
+    if value < 0.05:
+        raise argparse.ArgumentTypeError(f"{text!r} would poll the store in a busy loop; "
+                                         "give at least 0.05")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -132,8 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "stops it cleanly")
     p.add_argument("--concurrency", type=_positive_int, default=16, metavar="N",
                    help="cases in flight at once (default 16)")
-    p.add_argument("--poll-s", type=_seconds, default=1.0, metavar="SECONDS",
-                   help="how often to look for new cases (default 1)")
+    p.add_argument("--poll-s", type=_poll_seconds, default=1.0, metavar="SECONDS",
+                   help="how often to look for cases taken in by other processes "
+                        "(default 1; at least 0.05: due retries wake it on their own)")
 
     p = add("confirm", "confirm the current revision's interpretation of CASE")
     p.add_argument("case", metavar="CASE")

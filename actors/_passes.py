@@ -1,0 +1,117 @@
+"""The engine's passes over the store's due index: ``run_until_idle`` (every case with work
+now, then return) and ``serve`` (the daemon's loop, until cancelled).
+
+Work is found through the (status, due_at) index, never by scanning every package. A case
+held back (DEFERRED because another process holds it, or failed) is skipped for a while,
+and the index is read past the cases already tried or held back, so a window full of cases
+another process holds never starves the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+if TYPE_CHECKING:
+    from ._case_actor import Clock
+    from ._store_handle import StoreHandle
+    from ._supervisor import CaseResult
+
+
+class Passes:
+    """Mixed into :class:`Engine` (which supplies everything declared here)."""
+
+    store: StoreHandle
+    clock: Clock
+    config: Any
+    _not_before: dict[str, float]
+    _running: dict[str, Any]
+    _finished: trio.Event
+
+    @property
+    def concurrency(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def in_flight(self) -> int:
+        raise NotImplementedError
+
+    async def dispatch(self, case_id: str) -> CaseResult:
+        raise NotImplementedError
+
+    def submit(self, case_id: str) -> bool:
+        raise NotImplementedError
+
+    async def wait_for_slot(self) -> None:
+        raise NotImplementedError
+
+    async def due(self, limit: int, *, skip: Collection[str] = ()) -> list[str]:
+        """Up to ``limit`` case ids with work now, from the store's due index, leaving out
+        ``skip`` and the cases held back."""
+        now_trio = trio.current_time()
+        self._not_before = {c: t for c, t in self._not_before.items() if t > now_trio}
+        left_out = set(skip) | set(self._not_before)
+        now = self.clock.now()  # read here: a TrioClock needs the trio thread
+        confirm = self.config.interpretation.auto_confirm
+        refs = await trio.to_thread.run_sync(
+            lambda: self.store.store.due_cases(now, limit + len(left_out),
+                                               awaiting_confirmation=confirm))
+        return [r.case_id for r in refs if r.case_id not in left_out][:limit]
+
+    async def run_until_idle(self, cases: Sequence[str] | None = None, *,
+                             on_result: Callable[[CaseResult], None] | None = None,
+                             ) -> list[CaseResult]:
+        """Advance every case with work now (or the given ones), each once, until none
+        left has any; returns each advance's result, in the order they finished
+        (``on_result`` hears of each as it finishes). Never sleeps for a due time."""
+        out: list[CaseResult] = []
+        tried: set[str] = set()
+        while True:
+            if cases is None:
+                batch = await self.due(self.concurrency * 4 + 64, skip=tried)
+            else:
+                batch = [c for c in dict.fromkeys(cases) if c not in tried]
+            if not batch:
+                return out
+            async with trio.open_nursery() as pass_nursery:
+                for case_id in batch:
+                    tried.add(case_id)
+                    pass_nursery.start_soon(self._collect, case_id, out, on_result)
+
+    async def _collect(self, case_id: str, out: list[CaseResult],
+                       on_result: Callable[[CaseResult], None] | None) -> None:
+        result = await self.dispatch(case_id)
+        out.append(result)
+        if on_result is not None:
+            on_result(result)
+
+    async def serve(self, *, poll_s: float = 1.0,
+                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The daemon's loop, until cancelled: take the cases with work from the store's
+        due index (new cases, due retries, interpretations to confirm under auto_confirm)
+        into free case actors, then wait for whichever comes first — a case actor
+        finishing, the earliest due time, the end of a hold-back, or the next poll (which
+        finds cases taken in by other processes). Results arrive on ``results``."""
+        task_status.started()
+        while True:
+            # Taken before looking: an actor that finishes while we look (or while the nap
+            # reads the next due time) has set it, so the nap returns at once instead of
+            # missing that wake-up until the next poll.
+            woken = self._finished
+            free = self.concurrency - self.in_flight
+            if free > 0:
+                for case_id in await self.due(free, skip=self._running):
+                    self.submit(case_id)
+            await self._nap(poll_s, woken)
+
+    async def _nap(self, poll_s: float, woken: trio.Event) -> None:
+        next_due = await trio.to_thread.run_sync(self.store.store.next_due)
+        wait = poll_s
+        if next_due is not None:
+            wait = min(wait, max(0.0, next_due - self.clock.now()))
+        if self._not_before:
+            wait = min(wait, max(0.0, min(self._not_before.values()) - trio.current_time()))
+        with trio.move_on_after(wait):
+            await woken.wait()

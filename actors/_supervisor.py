@@ -41,6 +41,7 @@ from engine import (
     DispatchResult,
     VianoError,
     confirm_change,
+    hypotheses_paths,
 )
 
 from ._case_actor import (
@@ -223,11 +224,13 @@ class Engine(Passes):
         await self._finished.wait()
 
     async def _advance(self, case_id: str) -> CaseResult:
-        ref = await self.store.case(case_id)
+        ref, head = await self.store.head(case_id)
         s = ref.status
-        if s is not None and (s.status, s.phase, s.reason) == (COMPLETED, HYPOTHESES_PHASE,
-                                                               "completed"):
-            # Done, as the store says: no lease, no audit (viano verify audits).
+        done = hypotheses_paths(head.manifest.analysis_revision)["hypotheses"]
+        if s is not None and (s.status, s.phase, s.reason) == (
+                COMPLETED, HYPOTHESES_PHASE, "completed") and \
+                head.manifest.pointers.get("hypotheses") == done:
+            # Done, as the index and the head say: no lease, no audit (viano verify audits).
             return CaseResult(case_id, DispatchResult(
                 case_id, ref.package_id, HYPOTHESES_PHASE, COMPLETED, "completed",
                 "the case is complete (its durable status says so)", ref.analysis_revision,

@@ -358,3 +358,24 @@ def test_the_worst_exit_code_of_many_cases() -> None:
     assert worst_exit([0, 11, 10]) == 10
     assert worst_exit([11, 0]) == 11
     assert worst_exit([]) == 0
+
+
+async def test_a_status_that_claims_completion_does_not_skip_the_work(
+        tmp_path: Path, server: LoopbackServer) -> None:
+    """The index says COMPLETED (hypotheses) but the package holds no batch: the engine
+    does the work instead of trusting the status (it trusts it only with the batch's
+    pointer in the head)."""
+    from engine import CaseStatus
+
+    config = batch_config([http_provider("p", "openai", server.openai_url)])
+    async with open_engine(store=tmp_path / "s", config=config, environ=ENV) as engine:
+        await intake_many(engine, tmp_path, ["F-1"])
+        snap = await engine.store.snapshot("F-1")
+        await snap.set_status(CaseStatus(status="COMPLETED", phase="GENERATING_HYPOTHESES",
+                                         reason="completed"))
+        r = await engine.dispatch("F-1")
+        assert r.result.status == "COMPLETED"
+        snap = await engine.store.snapshot("F-1")
+        assert "analysis/hypotheses/0001/hypotheses.json" in snap.manifest.files
+        again = await engine.dispatch("F-1")
+        assert again.result.message.startswith("the case is complete")  # now trusted

@@ -188,7 +188,9 @@ class _Dispatch:
         if self.fresh_intent == (step.round, step.attempt_id):
             calls = 1  # the enter generation recorded this call's intent
         else:
-            await snap.set_status(running(self.spec, step.round, step.attempt_id, calls))
+            intent = running(self.spec, step.round, step.attempt_id, calls)
+            await snap.set_status(intent)
+            self._step(snap, "call", intent)  # the intent of a call, durable before it
         self.fresh_intent = None
         step = attrs.evolve(step, calls_started=calls)
         prompt = await trio.to_thread.run_sync(prompt_for, self.spec, view)
@@ -202,7 +204,10 @@ class _Dispatch:
             self.spec, view, step, outcome, self.request, now=now, started_at=started))
         after = await snap.publish(record.change, record.status)
         crash_point("phase.recorded")
-        self._step(after, "round", record.status)
+        self._step(after, "round", record.status, provider=outcome.provider,
+                   attempts=[{"provider": a.provider, "detail": a.detail,
+                              "failure": None if a.failure is None else str(a.failure.value)}
+                             for a in outcome.attempts])
         if record.result_status == COMPLETED:
             return None  # checkpointed: judge it next
         return self._result(after, record.result_status, record.reason, record.message,
@@ -228,13 +233,13 @@ class _Dispatch:
         _emit(self.s, result)
         return result
 
-    def _step(self, snap: Snapshot, step: str, status: CaseStatus) -> None:
+    def _step(self, snap: Snapshot, step: str, status: CaseStatus, **extra: Any) -> None:
         m = snap.manifest
         self.s.events({"event": "step", "case_id": m.case_id, "phase": self.spec.phase,
                        "analysis_revision": m.analysis_revision,
                        "package_generation": m.package_generation, "step": step,
                        "status": status.status, "reason": status.reason,
-                       "round": status.round})
+                       "round": status.round, **extra})
 
 
 def view_of(snap: Snapshot) -> PackageView:

@@ -206,6 +206,8 @@ class TestDaemon:
         events = [json.loads(x) for x in second.errors if x.startswith("{")]
         kinds = Counter(e["event"] for e in events)
         assert kinds["step"] > 0 and kinds["result"] > 0, kinds  # every transition, logged
+        rounds = [e for e in events if e.get("step") == "round"]
+        assert rounds and all(e["provider"] == "loopback" and e["attempts"] for e in rounds)
         providers = [e for e in events if e["event"] == "providers"][-1]["providers"]
         assert providers["loopback"]["answers"] > 0
         _one_batch_each(store, [*ids, "D-LATE"])

@@ -55,6 +55,12 @@ def _from_env() -> tuple[str, int] | None:
     return name, int(nth or "1")
 
 
+# Read once: the variables arm a child process from its start (the environment is not a
+# control channel afterwards), and a crash point sits on every publication's path.
+_ENV_CRASH = _from_env()
+_ENV_PAUSE = (os.environ.get(PAUSE_VAR), os.environ.get(PAUSE_FILE_VAR))
+
+
 def arm_crash_point(point: str, nth: int = 1) -> None:
     """Make the ``nth`` next hit of ``point`` raise :class:`SimulatedCrash`."""
     if point not in CRASH_POINTS:
@@ -71,10 +77,8 @@ def disarm_crash_points() -> None:
 
 
 def _pause(point: str) -> None:
-    if os.environ.get(PAUSE_VAR) != point:
-        return
-    marker = os.environ.get(PAUSE_FILE_VAR)
-    if not marker:
+    at, marker = _ENV_PAUSE
+    if at != point or not marker:
         return
     with open(marker, "w") as f:
         f.write(f"{os.getpid()} {point}\n")
@@ -83,9 +87,10 @@ def _pause(point: str) -> None:
 
 
 def crash_point(point: str) -> None:
-    """Mark a durable step. Costs one dict lookup when nothing is armed."""
-    _pause(point)
-    env = _from_env()
+    """Mark a durable step. Costs three comparisons when nothing is armed."""
+    if _ENV_PAUSE[0] is not None:
+        _pause(point)
+    env = _ENV_CRASH
     if env is not None and env[0] == point:
         with _lock:
             _hits[point] = _hits.get(point, 0) + 1

@@ -20,6 +20,7 @@ verify`` reads it (:meth:`Manifest.parse` and :func:`successor_violations`):
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import types
 from collections.abc import Iterator, Mapping
@@ -67,11 +68,17 @@ def is_write_once(path: str) -> bool:
 
 
 def _frozen(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
+    if isinstance(mapping, types.MappingProxyType):  # built here, over a dict nobody holds
+        return mapping
     return types.MappingProxyType(dict(mapping))
 
 
-@attrs.frozen
+@dataclasses.dataclass(frozen=True, slots=True)
 class FileEntry:
+    """A file of a manifest. A dataclass, not attrs, so that orjson writes it as
+    ``{"sha256", "size"}`` itself: a publication encodes its whole file list, which grows
+    with the package."""
+
     sha256: str
     size: int
 
@@ -295,12 +302,11 @@ def build_manifest(parent: Manifest | None, package_id: str, case_id: str, chang
         "format": PACKAGE_FORMAT, "package_id": package_id, "case_id": case_id,
         "package_generation": generation, "parent_generation": parent_gen,
         "analysis_revision": revision, "phase": phase, "created_at": created_at,
-        "pointers": pointers,
-        "files": {p: {"sha256": e.sha256, "size": e.size} for p, e in files.items()}})
+        "pointers": pointers, "files": files})
     return Manifest(package_id=package_id, case_id=case_id, package_generation=generation,
                     parent_generation=parent_gen, analysis_revision=revision, phase=phase,
-                    created_at=created_at, pointers=pointers, files=files, raw=raw,
-                    sha256=sha256_hex(raw))
+                    created_at=created_at, pointers=types.MappingProxyType(pointers),
+                    files=types.MappingProxyType(files), raw=raw, sha256=sha256_hex(raw))
 
 
 def encode_manifest(manifest: Mapping[str, Any]) -> bytes:

@@ -75,14 +75,22 @@ class Passes:
                 batch = [c for c in dict.fromkeys(cases) if c not in tried]
             if not batch:
                 return out
+            # Tasks are started as slots free up, not one per case at once: 10,000 ids
+            # given never make 10,000 tasks (nor 10,000 case actors waiting for a slot).
+            slots = trio.Semaphore(2 * self.concurrency)
             async with trio.open_nursery() as pass_nursery:
                 for case_id in batch:
                     tried.add(case_id)
-                    pass_nursery.start_soon(self._collect, case_id, out, on_result)
+                    await slots.acquire()
+                    pass_nursery.start_soon(self._collect, case_id, out, on_result, slots)
 
     async def _collect(self, case_id: str, out: list[CaseResult],
-                       on_result: Callable[[CaseResult], None] | None) -> None:
-        result = await self.dispatch(case_id)
+                       on_result: Callable[[CaseResult], None] | None,
+                       slots: trio.Semaphore) -> None:
+        try:
+            result = await self.dispatch(case_id)
+        finally:
+            slots.release()
         out.append(result)
         if on_result is not None:
             on_result(result)

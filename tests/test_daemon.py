@@ -379,3 +379,30 @@ async def test_a_status_that_claims_completion_does_not_skip_the_work(
         assert "analysis/hypotheses/0001/hypotheses.json" in snap.manifest.files
         again = await engine.dispatch("F-1")
         assert again.result.message.startswith("the case is complete")  # now trusted
+
+
+async def test_many_given_cases_never_make_many_actors(tmp_path: Path,
+                                                       server: LoopbackServer) -> None:
+    """Forty ids given to run_until_idle at concurrency 2: never more than 4 case actors
+    exist at once (tasks are started as slots free up)."""
+    config = batch_config([http_provider("p", "openai", server.openai_url)])
+    ids = [f"M-{i:02d}" for i in range(40)]
+    peak = 0
+    async with open_engine(store=tmp_path / "s", config=config, environ=ENV,
+                           concurrency=2) as engine:
+        await intake_many(engine, tmp_path, ids)
+
+        def seen(_r: object) -> None:
+            nonlocal peak
+            peak = max(peak, engine.in_flight)
+
+        events = engine.subscribe(buffer=100_000)
+        results = await engine.run_until_idle(ids, on_result=seen)
+        while True:
+            try:
+                events.receive_nowait()
+                peak = max(peak, engine.in_flight)
+            except trio.WouldBlock:
+                break
+    assert len(results) == 40 and {r.result.status for r in results} == {"COMPLETED"}
+    assert 1 <= peak <= 4, peak

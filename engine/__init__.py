@@ -68,6 +68,7 @@ from ._gateway import remove_log_filter as remove_log_filter
 from ._gateway import retry_after_seconds as retry_after_seconds
 from ._ids import new_package_id as new_package_id
 from ._ids import validate_case_id as validate_case_id
+from ._intake import FORMATS as FORMATS
 from ._intake import ROLES as ROLES
 from ._intake import Attachment as Attachment
 from ._intake import IntakePlan as IntakePlan
@@ -120,6 +121,8 @@ from ._phases import phase_dir as phase_dir
 from ._phases import prompt_for as prompt_for
 from ._phases import provider_statistics as provider_statistics
 from ._phases import reopen_change as reopen_change
+from ._phases import report_document as report_document
+from ._phases import report_markdown as report_markdown
 from ._phases import round_change as round_change
 from ._phases import running as running
 from ._phases import unblock_change as unblock_change

@@ -33,8 +33,8 @@ def _exact(expected: type) -> Callable[[Any, Any], Any]:
     return hook
 
 
-def make_strict_converter() -> cattrs.Converter:
-    converter = cattrs.Converter(forbid_extra_keys=True)
+def make_strict_converter(*, forbid_extra_keys: bool = True) -> cattrs.Converter:
+    converter = cattrs.Converter(forbid_extra_keys=forbid_extra_keys)
     for scalar in (int, float, str, bool):
         converter.register_structure_hook(scalar, _exact(scalar))
     return converter
@@ -63,3 +63,6 @@ def structure_errors(exc: BaseException) -> list[str]:
 
 
 STRICT = make_strict_converter()
+# Exact types, other keys ignored: for shapes other tools print (GitHub, Jira), which carry
+# many more keys than a report needs and add new ones without notice.
+LENIENT = make_strict_converter(forbid_extra_keys=False)

@@ -5,10 +5,12 @@ from ._archives import archive_kind as archive_kind
 from ._archives import member_heads as member_heads
 from ._archives import scan_archive as scan_archive
 from ._catalogue import media_type as media_type
+from ._formats import FORMATS as FORMATS
+from ._formats import parse_report as parse_report
 from ._intake import INTAKE_PHASE as INTAKE_PHASE
 from ._intake import ROLES as ROLES
 from ._intake import Attachment as Attachment
 from ._intake import IntakePlan as IntakePlan
 from ._intake import prepare_intake as prepare_intake
 from ._report import Report as Report
-from ._report import parse_report as parse_report
+from ._report import TextSource as TextSource

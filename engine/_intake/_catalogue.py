@@ -42,12 +42,15 @@ class CatalogueBuilder:
     def __init__(self) -> None:
         self.sources: list[dict[str, Any]] = []
 
-    def add(self, *, kind: str, human: bool, origin: dict[str, str], sha256: str, size: int,
-            media: str) -> str:
+    def add(self, *, kind: str, human: bool, origin: dict[str, str], sha256: str | None,
+            size: int | None, media: str, extra: dict[str, Any] | None = None) -> str:
+        """A source; ``extra`` adds fields after the contracted ones (``minimized``,
+        ``supplied``), only when there is something to say, so a catalogue without them
+        has exactly the contracted shape."""
         source_id = f"S{len(self.sources) + 1}"
         self.sources.append({"source_id": source_id, "kind": kind, "human": human,
                              "origin": origin, "sha256": sha256, "size": size,
-                             "media_type": media})
+                             "media_type": media, **(extra or {})})
         return source_id
 
     def document(self) -> dict[str, Any]:

@@ -26,7 +26,8 @@ from .._store import BytesSource, Change, FileSource, validate_logical_path
 from .._store._sources import BlobSource, hash_stream
 from ._archives import archive_kind, named_kind, scan_open_archive
 from ._catalogue import CatalogueBuilder, media_type
-from ._report import parse_report
+from ._formats import parse_report
+from ._report import Report
 
 ROLES = ("diagnostics", "source", "attachment")
 EXPANDED_ROLES = ("diagnostics", "source")  # archives in these roles are catalogued by member
@@ -63,22 +64,31 @@ class IntakePlan:
     change: Change
     catalogue: dict[str, Any]
     title: str
+    report_sha256: str = ""
 
 
 def prepare_intake(report_path: Path, attachments: Sequence[Attachment], *,
                    case_id: str | None, limits: IntakeLimits,
-                   progress: Callable[[int], None] | None = None) -> IntakePlan:
+                   progress: Callable[[int], None] | None = None,
+                   report_format: str | None = None,
+                   report_bytes: bytes | None = None, report_name: str | None = None,
+                   ) -> IntakePlan:
+    """Everything a case's first generation holds, read and checked; nothing written.
+
+    ``report_format`` is one of :data:`FORMATS` (``None``: detected from the content).
+    ``report_bytes`` (with ``report_name``) gives the report's bytes instead of reading
+    ``report_path`` (a line of a JSON Lines file); ``report_path`` then only labels it."""
     files: dict[str, BlobSource] = {}
     names: list[str] = []
 
-    def input_name(path: Path) -> str:
+    def input_name(path: Path, given: str | None = None) -> str:
         try:
-            path.name.encode("utf-8")
+            (given or path.name).encode("utf-8")
         except UnicodeEncodeError as exc:
             raise InputRejected(f"{_shown(path)}: the file name is not UTF-8 text",
                                 hint="Rename the file to a UTF-8 name and run the command "
                                      "again.") from exc
-        name = f"inputs/{path.name}"
+        name = f"inputs/{given or path.name}"
         try:
             validate_logical_path(name)
         except ChangeRejected as exc:
@@ -90,56 +100,91 @@ def prepare_intake(report_path: Path, attachments: Sequence[Attachment], *,
         names.append(name)
         return name
 
-    report_name = input_name(report_path)
-    raw = _read_small(report_path, limits.max_report_bytes)
-    report = parse_report(raw, str(report_path))
-    chosen, chosen_from = _choose_case_id(case_id, report.case_id, raw)
-    files[report_name] = BytesSource.of(raw)
+    stored_name = input_name(report_path, report_name)
+    if report_bytes is None:
+        raw = _read_small(report_path, limits.max_report_bytes)
+    elif len(report_bytes) > limits.max_report_bytes:
+        raise InputRejected(f"{_shown(report_path)}: larger than max_report_bytes="
+                            f"{limits.max_report_bytes}", reason="limit_exceeded")
+    else:
+        raw = report_bytes
+    report = parse_report(raw, _shown(report_path), report_format)
+    chosen, chosen_from = _choose_case_id(case_id, report, raw)
+    files[stored_name] = BytesSource.of(raw)
 
     cat = CatalogueBuilder()
-    _catalogue_report(cat, report, report_name, raw)
-    inputs_doc = [{"input": report_name, "role": "report", "format": report.format,
-                   "sha256": files[report_name].sha256, "size": len(raw)}]
+    catalogue_report(cat, report, stored_name, raw)
+    inputs_doc = [{"input": stored_name, "role": "report", "format": report.format,
+                   "sha256": files[stored_name].sha256, "size": len(raw)}]
+    supplied: dict[str, str] = {}
     for att in attachments:
         name = input_name(att.path)
         with _readable(att.path):
             source, doc = _catalogue_attachment(cat, att, name, limits, progress)
         files[name] = source
         inputs_doc.append(doc)
+        supplied.setdefault(att.path.name, name)
+    _catalogue_referenced(cat, report, stored_name, supplied)
 
     catalogue = cat.document()
-    intake_doc = {"format": "viano-intake/1", "case_id": chosen, "case_id_from": chosen_from,
-                  "title": report.title, "inputs": inputs_doc,
-                  "limits": attrs.asdict(limits)}
+    intake_doc: dict[str, Any] = {
+        "format": "viano-intake/1", "case_id": chosen, "case_id_from": chosen_from,
+        "title": report.title, "inputs": inputs_doc, "limits": attrs.asdict(limits)}
+    if report.issue is not None:
+        intake_doc["issue"] = dict(report.issue)
     files["case/catalogue.json"] = BytesSource.of(artifact_json(catalogue))
     files["case/intake.json"] = BytesSource.of(artifact_json(intake_doc))
     change = Change(files=files, pointers={"catalogue": "case/catalogue.json",
                                            "intake": "case/intake.json"},
                     phase=INTAKE_PHASE, analysis_revision=1)
-    return IntakePlan(case_id=chosen, change=change, catalogue=catalogue, title=report.title)
+    return IntakePlan(case_id=chosen, change=change, catalogue=catalogue, title=report.title,
+                      report_sha256=files[stored_name].sha256)
 
 
-def _choose_case_id(flag: str | None, from_report: str | None, raw: bytes) -> tuple[str, str]:
+def _choose_case_id(flag: str | None, report: Report, raw: bytes) -> tuple[str, str]:
     if flag is not None:
         return validate_case_id(flag), "flag"
-    if from_report is not None:
-        return from_report, "report"
+    if report.case_id is not None:
+        return report.case_id, "report"
+    if report.identity is not None:
+        return validate_case_id(report.identity), "issue"
     return f"case-{sha256_hex(raw)[:12]}", "derived"
 
 
-def _catalogue_report(cat: CatalogueBuilder, report: Any, name: str, raw: bytes) -> None:
-    if report.format == "text":
-        cat.add(kind="report", human=True, origin={"input": name}, sha256=sha256_hex(raw),
-                size=len(raw), media="text/plain")
-        return
-    texts = [("report", "/body", report.body)]
-    texts += [("comment", f"/comments/{i}/body", c.body) for i, c in enumerate(report.comments)]
-    texts += [("observation", f"/observations/{i}/body", o.body)
-              for i, o in enumerate(report.observations)]
-    for kind, pointer, text in texts:
-        data = text.encode("utf-8")
-        cat.add(kind=kind, human=True, origin={"input": name, "pointer": pointer},
-                sha256=sha256_hex(data), size=len(data), media="text/plain")
+def catalogue_report(cat: CatalogueBuilder, report: Report, name: str, raw: bytes) -> None:
+    """The report's texts, in report order. A text report is one source: the whole file,
+    hashed as stored (with a byte-order mark, if it has one)."""
+    for t in report.texts:
+        if t.pointer is None:
+            cat.add(kind=t.kind, human=t.human, origin={"input": name},
+                    sha256=sha256_hex(raw), size=len(raw), media="text/plain")
+            continue
+        data = t.text.encode("utf-8")
+        origin = {"input": name, "pointer": t.pointer}
+        if t.conversion is not None:
+            origin["conversion"] = t.conversion
+        cat.add(kind=t.kind, human=t.human, origin=origin, sha256=sha256_hex(data),
+                size=len(data), media="text/plain", extra=dict(t.marks))
+
+
+def _catalogue_referenced(cat: CatalogueBuilder, report: Report, name: str,
+                          supplied: dict[str, str]) -> None:
+    """Attachments the report lists (Jira): each recorded, after the supplied inputs, as
+    supplied (naming the input of the same file name) or as referenced, not supplied."""
+    for ref in report.referenced:
+        size = ref.size if ref.size is not None and 0 <= ref.size <= 2**62 else None
+        extra: dict[str, Any] = {"name": ref.name}
+        if ref.name in supplied:
+            extra |= {"supplied": True, "supplied_as": supplied[ref.name]}
+        else:
+            extra |= {"supplied": False}
+        media = ref.media_type if ref.media_type and _MEDIA.fullmatch(ref.media_type) \
+            else media_type(ref.name, b"\x00")
+        cat.add(kind="attachment", human=False, origin={"input": name, "pointer": ref.pointer},
+                sha256=None, size=size, media=media, extra=extra)
+
+
+_MEDIA = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]{0,62}/[a-z0-9][a-z0-9!#$&^_.+-]{0,62}")
 
 
 def _catalogue_attachment(cat: CatalogueBuilder, att: Attachment, name: str,

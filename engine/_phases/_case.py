@@ -11,9 +11,8 @@ import attrs
 
 from .._canonical import sha256_hex
 from .._config import IntakeLimits
-from .._errors import ArchiveRejected
-from .._intake import member_heads
-from .._json import UntrustedJson, loads_untrusted
+from .._errors import ArchiveRejected, InvalidCaseId, ReportRejected
+from .._intake import TextSource, member_heads, parse_report
 from ._view import HistoryProblem, PackageView
 
 HUMAN_KINDS = ("report", "comment", "observation")
@@ -61,57 +60,58 @@ def catalogue_for_prompt(case: CaseRecord) -> list[dict[str, Any]]:
 def human_texts(view: PackageView, case: CaseRecord) -> list[dict[str, Any]]:
     """Every human source's text, resolved in its original and checked against the
     catalogue's sha256 (a mismatch is a package that does not stand up)."""
+    texts = ReportTexts(view, case)
     out = []
-    originals: dict[str, Any] = {}
     for s in case.sources:
         if not (s.get("human") is True and s.get("kind") in HUMAN_KINDS):
             continue
+        text, author = texts.resolve(s)
+        entry = {"source_id": s["source_id"], "kind": s["kind"], "author": author,
+                 "text": text}
+        if isinstance(s.get("minimized"), str):
+            entry["minimized"] = s["minimized"]
+        out.append(entry)
+    return out
+
+
+class ReportTexts:
+    """The texts of a package's stored reports, read again with the format intake
+    recorded for each (the original stays the only copy of the human evidence)."""
+
+    def __init__(self, view: PackageView, case: CaseRecord):
+        self.view = view
+        self.formats = {i["input"]: i.get("format") for i in case.intake.get("inputs") or []
+                        if isinstance(i, dict) and i.get("role") == "report"
+                        and isinstance(i.get("input"), str)}
+        self.parsed: dict[str, dict[str | None, TextSource]] = {}
+
+    def resolve(self, s: Mapping[str, Any]) -> tuple[str, str | None]:
+        """(text, author) of a source whose origin is a report, hash-checked."""
         origin = s.get("origin") or {}
         name = origin.get("input")
         if not isinstance(name, str):
             raise HistoryProblem(f"source {s['source_id']} has no origin input")
-        raw = view.read(name)
+        raw = self.view.read(name)
         pointer = origin.get("pointer")
-        author: str | None = None
         if pointer is None:
-            text = raw.decode("utf-8").removeprefix("\ufeff")
-            data = raw
+            text, author, data = raw.decode("utf-8").removeprefix("\ufeff"), None, raw
         else:
-            if name not in originals:
+            if name not in self.parsed:
+                fmt = self.formats.get(name)
                 try:
-                    originals[name] = loads_untrusted(raw.removeprefix(b"\xef\xbb\xbf"))
-                except UntrustedJson as exc:
-                    raise HistoryProblem(f"{name} is not JSON: {exc}") from exc
-            text = _resolve(originals[name], str(pointer))
-            data = text.encode("utf-8")
-            parent = str(pointer).rsplit("/", 1)[0]
-            found = _resolve(originals[name], f"{parent}/author") if parent else None
-            author = found if isinstance(found, str) else None
-            if s.get("kind") == "report":
-                reporter = originals[name].get("reporter") if isinstance(
-                    originals[name], dict) else None
-                author = reporter if isinstance(reporter, str) else None
+                    report = parse_report(raw, name, fmt if isinstance(fmt, str) else "json")
+                except (ReportRejected, InvalidCaseId) as exc:
+                    raise HistoryProblem(f"{name} is not the report intake read: "
+                                         f"{exc}") from exc
+                self.parsed[name] = report.by_pointer()
+            found = self.parsed[name].get(str(pointer))
+            if found is None:
+                raise HistoryProblem(f"source {s['source_id']}: {name} has no text at "
+                                     f"{pointer}")
+            text, author, data = found.text, found.author, found.text.encode("utf-8")
         if sha256_hex(data) != s.get("sha256"):
             raise HistoryProblem(f"source {s['source_id']} does not match its catalogue hash")
-        out.append({"source_id": s["source_id"], "kind": s["kind"], "author": author,
-                    "text": text})
-    return out
-
-
-def _resolve(doc: Any, pointer: str) -> Any:
-    """RFC 6901, over parsed JSON."""
-    if pointer == "":
-        return doc
-    node = doc
-    for token in pointer.split("/")[1:]:
-        token = token.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
-        elif isinstance(node, dict) and token in node:
-            node = node[token]
-        else:
-            return None
-    return node
+        return text, author
 
 
 def excerpts(view: PackageView, case: CaseRecord, per_source: int, total: int
@@ -127,6 +127,11 @@ def excerpts(view: PackageView, case: CaseRecord, per_source: int, total: int
     for s in case.sources:
         if s.get("human") is True:
             continue
+        if s.get("sha256") is None:  # listed by the report (Jira), not a stored input
+            skipped.append({"source_id": s["source_id"],
+                            "reason": "recorded_elsewhere" if s.get("supplied") else
+                            "not_supplied"})
+            continue
         media = str(s.get("media_type") or "")
         if not media.startswith(TEXT_TYPES):
             skipped.append({"source_id": s["source_id"], "reason": "not_text"})
@@ -138,7 +143,7 @@ def excerpts(view: PackageView, case: CaseRecord, per_source: int, total: int
             continue
         plan.append((s, want))
         budget -= want
-    heads = _read_heads(view, plan, kinds)
+    heads = _read_heads(view, plan, kinds, ReportTexts(view, case))
     out = []
     for s, want in plan:
         data = heads.get(str(s["source_id"]))
@@ -159,13 +164,16 @@ def _order(case: CaseRecord, source_id: str) -> int:
 
 
 def _read_heads(view: PackageView, plan: list[tuple[Mapping[str, Any], int]],
-                kinds: Mapping[Any, Any]) -> dict[str, bytes]:
+                kinds: Mapping[Any, Any], texts: ReportTexts) -> dict[str, bytes]:
     by_input: dict[str, dict[str, tuple[str, int]]] = {}
     out: dict[str, bytes] = {}
     for s, want in plan:
         origin = s.get("origin") or {}
         name = origin.get("input")
         if not isinstance(name, str) or not view.has(name):
+            continue
+        if "pointer" in origin:  # a text of a report that is not a human's (a bot's)
+            out[str(s["source_id"])] = texts.resolve(s)[0].encode("utf-8")[:want]
             continue
         member = origin.get("member")
         if member is None:

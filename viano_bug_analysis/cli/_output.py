@@ -77,6 +77,15 @@ class Output:
     def line(self, text: str) -> None:
         self.out.print(Text(terminal_safe(text, multiline=True)))
 
+    def markdown(self, text: str) -> None:
+        """Markdown meant to be copied or posted: its bytes as they are on a pipe or in a
+        file; on a terminal, control characters escaped (it is already escaped Markdown)."""
+        if sys.stdout.isatty():
+            self.out.print(Text(terminal_safe(text.removesuffix("\n"), multiline=True)))
+        else:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
     def note(self, text: str) -> None:
         """A human line on stderr (never disturbs a JSON document on stdout)."""
         self.err.print(Text(terminal_safe(text, multiline=True)))

@@ -8,7 +8,7 @@ import argparse
 import math
 from typing import NoReturn
 
-from engine import ROLES, UsageError
+from engine import FORMATS, ROLES, UsageError
 
 DESCRIPTION = ("Viano analyses bug cases: intake stores the originals and a canonical source "
                "catalogue in a durable, versioned case package; a model interprets the case, "
@@ -106,15 +106,27 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help_, description=help_, parents=common,
                               epilog=EXIT_CODES)
 
-    p = add("intake", "create a case package from a human report and attachments")
-    p.add_argument("--report", required=True, metavar="FILE",
-                   help="JSON report {title, body, comments?, observations?} or UTF-8 text")
+    p = add("intake", "create a case package from a human report and attachments, or "
+                      "many cases from a folder or JSON Lines file of reports")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--report", metavar="FILE",
+                       help="the report: a Viano JSON report {title, body, comments?, "
+                            "observations?}, a GitHub issue (gh issue view --json, or REST), "
+                            "a Jira issue (REST v2/v3), or UTF-8 text")
+    which.add_argument("--batch", metavar="DIR|FILE.jsonl",
+                       help="many reports in one process: every regular file of a folder "
+                            "(by name), or one report per line of a JSON Lines file; "
+                            "idempotent, with a summary (exit 2 if any was refused)")
+    p.add_argument("--format", choices=FORMATS, metavar="FORMAT",
+                   help=f"the report format, one of {', '.join(FORMATS)} (default: "
+                        "detected from the content)")
     p.add_argument("--attach", action="append", default=[], metavar="[ROLE=]FILE",
                    help=f"an attachment; ROLE is one of {', '.join(ROLES)} (default "
                         "attachment). Archives in the diagnostics and source roles are "
                         "catalogued member by member. Repeatable; order is kept")
     p.add_argument("--case-id", metavar="ID", help="case id (default: the report's "
-                   "case_id, else derived from the report's hash)")
+                   "case_id, else the issue's own id such as owner_repo_123 or PROJ-7, else "
+                   "derived from the report's hash)")
 
     p = add("interpret", "one dispatch of the interpretation phase for CASE")
     p.add_argument("case", metavar="CASE")
@@ -163,6 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("unblock", "after BLOCKED (rounds exhausted): allow a new series of rounds")
     p.add_argument("case", metavar="CASE")
     p.add_argument("--by", metavar="NAME", help="who unblocks (default: your user name)")
+
+    p = add("report", "the interpretation and hypotheses of CASE, escaped, for a person to "
+                      "read or to post back on the issue (Markdown on stdout)")
+    p.add_argument("case", metavar="CASE")
+    p.add_argument("--format", choices=("md", "json"), default="md",
+                   help="md (default) or json (one document, as --json gives)")
+    p.add_argument("--revision", type=_positive_int, metavar="N",
+                   help="the analysis revision (default: the current one)")
 
     p = add("status", "list cases: phase, status, revision, generation, due time")
     p.add_argument("cases", nargs="*", metavar="CASE")

@@ -1,0 +1,149 @@
+"""Atlassian Document Format (Jira REST v3 text) to plain text, deterministically.
+
+The same document always gives the same text (the catalogue hashes it, and the phases
+convert the stored original again to check it). Content is never dropped: paragraphs are
+separated by a blank line, headings keep ``#`` markers, lists keep ``-`` or ``1.``
+markers with nested items indented, code blocks are fenced with their language, tables
+become ``| cell | cell |`` rows, quotes are prefixed with ``>``, and inline nodes show
+their text (mentions ``@name``, emoji, dates, status lozenges, cards by URL, media by
+name). A node this converter does not know shows its text and its children's, so a newer
+node type degrades to its words rather than vanishing. Marks (bold, links, colours) are
+left out, apart from a link's URL after its text when the two differ.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_BLOCK_SEP = "\n\n"
+
+
+def is_adf(value: Any) -> bool:
+    return isinstance(value, dict) and value.get("type") == "doc" and isinstance(
+        value.get("content", []), list)
+
+
+def adf_text(doc: Any) -> str:
+    return _blocks(_children(doc), "").strip("\n")
+
+
+def _children(node: Any) -> list[Any]:
+    content = node.get("content") if isinstance(node, dict) else None
+    return [c for c in content if isinstance(c, dict)] if isinstance(content, list) else []
+
+
+def _attr(node: dict[str, Any], key: str) -> str | None:
+    attrs = node.get("attrs")
+    value = attrs.get(key) if isinstance(attrs, dict) else None
+    return value if isinstance(value, str) else (str(value) if isinstance(value, int)
+                                                 and not isinstance(value, bool) else None)
+
+
+def _blocks(nodes: list[Any], indent: str) -> str:
+    parts = [_block(n, indent) for n in nodes]
+    return _BLOCK_SEP.join(p for p in parts if p != "")
+
+
+def _block(node: dict[str, Any], indent: str) -> str:
+    kind = node.get("type")
+    if kind == "paragraph":
+        return _prefix(_inline(_children(node)), indent)
+    if kind == "heading":
+        level = _attr(node, "level") or "1"
+        hashes = "#" * min(6, max(1, int(level))) if level.isdigit() else "#"
+        return _prefix(f"{hashes} {_inline(_children(node))}", indent)
+    if kind == "codeBlock":
+        code = "".join(str(c.get("text", "")) for c in _children(node)
+                       if c.get("type") == "text")
+        fence = "````" if "```" in code else "```"
+        return _prefix(f"{fence}{_attr(node, 'language') or ''}\n{code}\n{fence}", indent)
+    if kind in ("bulletList", "orderedList", "taskList", "decisionList"):
+        return _list(node, indent)
+    if kind == "blockquote":
+        inner = _blocks(_children(node), "")
+        return _prefix("\n".join(f"> {ln}" if ln else ">" for ln in inner.split("\n")),
+                       indent)
+    if kind == "rule":
+        return _prefix("---", indent)
+    if kind == "table":
+        return "\n".join(_prefix(_row(r), indent) for r in _children(node))
+    if kind in ("mediaSingle", "mediaGroup", "media", "mediaInline"):
+        return _prefix(_media(node), indent)
+    if kind in ("text", "hardBreak", "mention", "emoji", "inlineCard", "date", "status"):
+        return _prefix(_inline([node]), indent)
+    # panel, expand, nestedExpand, layoutSection, and whatever comes next: the content.
+    title = _attr(node, "title")
+    body = _blocks(_children(node), indent)
+    if node.get("text") and isinstance(node.get("text"), str):
+        body = _prefix(str(node["text"]), indent) + (_BLOCK_SEP + body if body else "")
+    return _prefix(title, indent) + (_BLOCK_SEP + body if body else "") if title else body
+
+
+def _list(node: dict[str, Any], indent: str) -> str:
+    ordered = node.get("type") == "orderedList"
+    start = _attr(node, "order")
+    number = int(start) if start and start.isdigit() else 1
+    lines = []
+    for item in _children(node):
+        marker = f"{number}. " if ordered else "- "
+        if item.get("type") in ("taskItem", "decisionItem"):
+            state = _attr(item, "state")
+            marker += "[x] " if state in ("DONE", "DECIDED") else "[ ] "
+            text = _inline(_children(item))
+        else:
+            text = _blocks(_children(item), "").strip("\n")
+        pad = " " * len(marker)
+        first, *rest = text.split("\n") if text else [""]
+        lines.append(f"{indent}{marker}{first}")
+        lines += [f"{indent}{pad}{ln}" if ln else "" for ln in rest]
+        number += 1
+    return "\n".join(lines)
+
+
+def _row(row: dict[str, Any]) -> str:
+    cells = [_blocks(_children(c), "").replace("\n", " ") for c in _children(row)]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _media(node: dict[str, Any]) -> str:
+    found = [c for c in [node, *_children(node)] if c.get("type") in ("media", "mediaInline")]
+    names = [(_attr(m, "alt") or _attr(m, "id") or "media") for m in found]
+    return " ".join(f"[media: {n}]" for n in names) if names else ""
+
+
+def _inline(nodes: list[Any]) -> str:
+    out = []
+    for n in nodes:
+        kind = n.get("type")
+        if kind == "text":
+            text = str(n.get("text", ""))
+            href = next((m.get("attrs", {}).get("href") for m in n.get("marks") or []
+                         if isinstance(m, dict) and m.get("type") == "link"
+                         and isinstance(m.get("attrs"), dict)), None)
+            out.append(f"{text} ({href})" if isinstance(href, str) and href != text
+                       else text)
+        elif kind == "hardBreak":
+            out.append("\n")
+        elif kind == "mention":
+            name = _attr(n, "text") or _attr(n, "id") or "someone"
+            out.append(name if name.startswith("@") else f"@{name}")
+        elif kind == "emoji":
+            out.append(_attr(n, "text") or _attr(n, "shortName") or "")
+        elif kind in ("inlineCard", "blockCard", "embedCard"):
+            out.append(_attr(n, "url") or "")
+        elif kind == "date":
+            out.append(_attr(n, "timestamp") or "")
+        elif kind == "status":
+            out.append(f"[{_attr(n, 'text') or ''}]")
+        elif kind in ("media", "mediaInline"):
+            out.append(_media(n))
+        else:
+            out.append(str(n.get("text", "")) if isinstance(n.get("text"), str) else "")
+            out.append(_inline(_children(n)))
+    return "".join(out)
+
+
+def _prefix(text: str, indent: str) -> str:
+    if not indent:
+        return text
+    return "\n".join(f"{indent}{ln}" if ln else "" for ln in text.split("\n"))

@@ -1,0 +1,107 @@
+"""Which format a report is in, and reading it as that format.
+
+``--format`` names it (``viano``, ``github``, ``jira``, ``text``); without it the content
+decides. A file whose first non-blank character is ``{``, or whose name ends in
+``.json``, is JSON; anything else is text. A JSON object is:
+
+* ``jira`` if it has a ``fields`` object;
+* ``github`` if it has a top-level ``issue`` object (the combined REST document), or any
+  of the keys only GitHub's shapes have (``author``, ``user``, ``number``, ``url``,
+  ``html_url``, ``createdAt``, ``created_at``, ``labels``, ``state``), or comments whose
+  authors are objects;
+* ``viano`` if every key is one of the native report's, or if it is neither of the others
+  and has a ``title`` or ``body`` (a misspelt key is then refused by name).
+
+Exactly one must match: none is refused as an unknown shape, more than one as
+ambiguous, each naming the formats so that the user can say which with ``--format``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._errors import ReportRejected
+from .._json import UntrustedJson, loads_untrusted
+from ._github import parse_gh, parse_rest
+from ._jira import parse_jira
+from ._report import NATIVE_KEYS, Report, parse_native, parse_text
+
+FORMATS = ("viano", "github", "jira", "text")
+# What case/intake.json records for each (the native JSON report was "json" before
+# formats existed; old packages keep reading the same).
+RECORDED = {"viano": "json", "github": "github", "jira": "jira", "text": "text"}
+_GITHUB_ONLY = frozenset({"author", "user", "number", "url", "html_url", "createdAt",
+                          "created_at", "labels", "state", "node_id"})
+
+
+def _hint() -> str:
+    return ("Name the format with --format " + "|".join(FORMATS) + ": viano is "
+            '{"title", "body", "comments"?, ...}; github is what `gh issue view --json` '
+            "or the REST API prints; jira is the REST issue JSON (v2 or v3).")
+
+
+def detect_json(data: dict[str, Any]) -> list[str]:
+    found = []
+    if isinstance(data.get("fields"), dict):
+        found.append("jira")
+    comments = data.get("comments")
+    object_authors = isinstance(comments, list) and any(
+        isinstance(c, dict) and isinstance(c.get("author"), dict) for c in comments)
+    if isinstance(data.get("issue"), dict) or _GITHUB_ONLY & data.keys() or object_authors:
+        found.append("github")
+    if not object_authors and (data.keys() <= NATIVE_KEYS or (
+            not found and data.keys() & {"title", "body"})):
+        # A native report with a misspelt key is still native: its reader names the key.
+        found.append("viano")
+    return found
+
+
+def decode(raw: bytes, label: str) -> str:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ReportRejected(f"{label}: not UTF-8 (byte {exc.start})") from exc
+    text = text.removeprefix("\ufeff")
+    if "\x00" in text:
+        raise ReportRejected(f"{label}: contains NUL characters; is it a binary file?")
+    return text
+
+
+def parse_report(raw: bytes, label: str, fmt: str | None = None) -> Report:
+    """The report in ``raw``, read as ``fmt`` (one of :data:`FORMATS`, or a recorded
+    name) or as the content says. Refuses (``ReportRejected``) anything else."""
+    fmt = {"json": "viano"}.get(fmt or "", fmt)
+    if fmt is not None and fmt not in FORMATS:
+        raise ReportRejected(f"{label}: unknown report format {fmt!r}", hint=_hint())
+    text = decode(raw, label)
+    if fmt == "text":
+        return parse_text(text, label)
+    looks_json = text.lstrip().startswith("{") or label.lower().endswith((".json", ".jsonl"))
+    if fmt is None and not looks_json:
+        return parse_text(text, label)
+    try:
+        data = loads_untrusted(text)
+    except UntrustedJson as exc:
+        raise ReportRejected(f"{label}: {exc}", hint=_hint()) from exc
+    if not isinstance(data, dict):
+        raise ReportRejected(f"{label}: a JSON report must be an object, not a "
+                             f"{type(data).__name__}", hint=_hint())
+    if fmt is None:
+        found = detect_json(data)
+        if not found:
+            keys = ", ".join(sorted(data)[:8]) or "none"
+            raise ReportRejected(f"{label}: not a report in any known format "
+                                 f"({', '.join(FORMATS)}); its keys: {keys}",
+                                 reason="unknown_format", hint=_hint())
+        if len(found) > 1:
+            raise ReportRejected(f"{label}: the shape fits more than one format "
+                                 f"({', '.join(found)})", reason="ambiguous_format",
+                                 hint=_hint())
+        fmt = found[0]
+    if fmt == "jira":
+        return parse_jira(data, label)
+    if fmt == "github":
+        gh = "author" in data or "createdAt" in data or (
+            "issue" not in data and "user" not in data and "html_url" not in data)
+        return parse_gh(data, label) if gh else parse_rest(data, label)
+    return parse_native(data, label)

@@ -1,0 +1,180 @@
+"""GitHub issues, as ``gh`` prints them and as the REST API returns them.
+
+* ``gh issue view N --json number,title,body,author,comments,labels,url,createdAt``:
+  camelCase; ``author`` is ``{"login", "is_bot"?, "name"?}``; comments carry ``author``,
+  ``body``, ``createdAt``, ``url`` and, for hidden ones, ``isMinimized`` and
+  ``minimizedReason``.
+* REST: the issue object of ``GET /repos/O/R/issues/N`` (snake_case, ``user.login``,
+  ``user.type``, ``html_url``), alone, or as one combined document
+  ``{"issue": <issue>, "comments": <the array of GET /repos/O/R/issues/N/comments>}``.
+  A comments file beside the issue is not read: combine them into one document, so that
+  the stored original holds every text the catalogue points into.
+
+Keys this reader does not use are ignored (both tools print more than a report needs);
+the ones it uses must have their exact types. A blank issue body makes the title the
+report's text (its ``title``); blank comments are left out of the catalogue. A deleted
+author (``null``, GitHub's ``ghost``) is kept as written. Bots are kept and marked
+``human: false``: ``is_bot``, a REST ``user.type`` of ``Bot``, a login ending in ``[bot]``
+or starting with ``app/``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from .._errors import ReportRejected
+from .._strict import LENIENT
+from .._text import is_blank
+from ._report import Report, TextSource, structure
+
+
+@attrs.frozen
+class _User:
+    login: str | None = None
+    is_bot: bool | None = None
+    type: str | None = None
+
+
+@attrs.frozen
+class _GhComment:
+    body: str
+    author: _User | None = None
+    createdAt: str | None = None
+    url: str | None = None
+    isMinimized: bool | None = None
+    minimizedReason: str | None = None
+
+
+@attrs.frozen
+class _GhIssue:
+    title: str
+    body: str | None = None
+    author: _User | None = None
+    number: int | None = None
+    url: str | None = None
+    createdAt: str | None = None
+    comments: tuple[_GhComment, ...] = ()
+
+
+@attrs.frozen
+class _RestComment:
+    body: str | None = None
+    user: _User | None = None
+    created_at: str | None = None
+    html_url: str | None = None
+
+
+@attrs.frozen
+class _RestIssue:
+    title: str
+    body: str | None = None
+    user: _User | None = None
+    number: int | None = None
+    html_url: str | None = None
+    repository_url: str | None = None
+    created_at: str | None = None
+
+
+@attrs.frozen
+class _Combined:
+    issue: _RestIssue
+    comments: tuple[_RestComment, ...] = ()
+
+
+def is_bot(user: _User | None) -> bool:
+    if user is None:
+        return False
+    login = user.login or ""
+    return (user.is_bot is True or user.type == "Bot" or login.endswith("[bot]")
+            or login.startswith("app/"))
+
+
+_WEB = re.compile(r"https?://[^/\s]+/([^/\s]+)/([^/\s]+)/(?:issues|pull)/(\d+)(?:[/?#]|$)")
+_API = re.compile(r"https?://[^/\s]+/repos/([^/\s]+)/([^/\s]+?)/?$")
+
+
+def _identity(web_url: str | None, repository_url: str | None, number: int | None
+              ) -> tuple[str | None, dict[str, Any]]:
+    owner = repo = None
+    if web_url and (m := _WEB.match(web_url)):
+        owner, repo, number = m.group(1), m.group(2), int(m.group(3))
+    elif repository_url and (m := _API.match(repository_url)):
+        owner, repo = m.group(1), m.group(2)
+    issue: dict[str, Any] = {"number": number, "url": web_url}
+    if owner is None or repo is None or number is None:
+        return None, issue
+    issue["repository"] = f"{owner}/{repo}"
+    return valid_id(f"{owner}_{repo}", f"_{number}"), issue
+
+
+_INVALID = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def valid_id(stem: str, suffix: str = "") -> str:
+    """``stem + suffix`` made a valid case id: other characters become ``-``, it starts
+    with a letter or digit, and a stem too long is cut so that the suffix (the number,
+    which tells issues apart) survives."""
+    stem = _INVALID.sub("-", stem).lstrip("._-") or "issue"
+    suffix = _INVALID.sub("-", suffix)
+    return stem[: 64 - len(suffix)].rstrip("._-") + suffix if suffix else stem[:64]
+
+
+def _texts(title: str, body: str | None, base: str, author: _User | None,
+           comments: Sequence[tuple[str, str | None, _User | None, tuple[tuple[str, str], ...]]],
+           ) -> tuple[TextSource, ...]:
+    login = author.login if author else None
+    if body is None or is_blank(body):
+        first = TextSource("report", f"{base}/title", login, title, human=not is_bot(author))
+    else:
+        first = TextSource("report", f"{base}/body", login, body, human=not is_bot(author))
+    out = [first]
+    for pointer, text, user, marks in comments:
+        if text is None or is_blank(text):
+            continue
+        out.append(TextSource("comment", pointer, user.login if user else None, text,
+                              human=not is_bot(user), marks=marks))
+    return tuple(out)
+
+
+def _minimized(c: _GhComment) -> tuple[tuple[str, str], ...]:
+    if c.isMinimized:
+        return (("minimized", (c.minimizedReason or "yes").lower()),)
+    return ()
+
+
+def parse_gh(data: Any, label: str) -> Report:
+    issue = structure(LENIENT, data, _GhIssue, label)
+    _check_title(issue.title, label)
+    identity, origin = _identity(issue.url, None, issue.number)
+    comments = [(f"/comments/{i}/body", c.body, c.author, _minimized(c))
+                for i, c in enumerate(issue.comments)]
+    return Report(format="github", title=issue.title,
+                  texts=_texts(issue.title, issue.body, "", issue.author, comments),
+                  identity=identity, issue={"format": "github", "shape": "gh", **origin})
+
+
+def parse_rest(data: Any, label: str) -> Report:
+    combined = isinstance(data, dict) and "issue" in data
+    if combined:
+        doc = structure(LENIENT, data, _Combined, label)
+        issue, rest_comments, base = doc.issue, doc.comments, "/issue"
+    else:
+        issue, rest_comments, base = structure(LENIENT, data, _RestIssue, label), (), ""
+    _check_title(issue.title, label)
+    identity, origin = _identity(issue.html_url, issue.repository_url, issue.number)
+    comments = [(f"/comments/{i}/body", c.body, c.user, ())
+                for i, c in enumerate(rest_comments)]
+    return Report(format="github", title=issue.title,
+                  texts=_texts(issue.title, issue.body, base, issue.user, comments),
+                  identity=identity,
+                  issue={"format": "github", "shape": "rest-combined" if combined else "rest",
+                         **origin})
+
+
+def _check_title(title: str, label: str) -> None:
+    if is_blank(title):
+        raise ReportRejected(f"{label}: title: must not be blank")

@@ -1,0 +1,119 @@
+"""Jira issues as the REST API returns them (``GET /rest/api/2|3/issue/KEY``).
+
+``key``, ``fields.summary``, ``fields.description``, ``fields.reporter``,
+``fields.comment.comments[]`` (``author.displayName``, ``body``, ``created``) and
+``fields.attachment[]``. v2 text is wiki markup and is kept as text; v3 text is an
+Atlassian Document Format document, converted to plain text by :mod:`._adf` (the catalogue
+records ``"conversion": "adf-text/1"``). Either may appear in any text field. Other keys
+are ignored. A blank description makes the summary the report's text. An author of
+``accountType`` ``app`` is a bot (kept, ``human: false``). Every listed attachment is
+recorded in the catalogue as referenced; intake marks it supplied when a file of that
+name is attached with ``--attach``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from .._errors import ReportRejected
+from .._strict import LENIENT
+from .._text import is_blank
+from ._adf import adf_text, is_adf
+from ._github import valid_id
+from ._report import Referenced, Report, TextSource, structure
+
+ADF_CONVERSION = "adf-text/1"
+
+
+@attrs.frozen
+class _Person:
+    displayName: str | None = None
+    name: str | None = None
+    accountType: str | None = None
+
+
+@attrs.frozen
+class _Comment:
+    body: Any = None
+    author: _Person | None = None
+    created: str | None = None
+
+
+@attrs.frozen
+class _Comments:
+    comments: tuple[_Comment, ...] = ()
+
+
+@attrs.frozen
+class _Attachment:
+    filename: str
+    size: int | None = None
+    mimeType: str | None = None
+
+
+@attrs.frozen
+class _Fields:
+    summary: str
+    description: Any = None
+    reporter: _Person | None = None
+    comment: _Comments | None = None
+    attachment: tuple[_Attachment, ...] = ()
+    created: str | None = None
+
+
+@attrs.frozen
+class _Issue:
+    fields: _Fields
+    key: str | None = None
+
+
+def _text(value: Any, where: str, label: str) -> tuple[str | None, str | None]:
+    """(plain text, conversion) of a Jira text field: a string, an ADF document or null."""
+    if value is None:
+        return None, None
+    if isinstance(value, str):
+        return value, None
+    if is_adf(value):
+        return adf_text(value), ADF_CONVERSION
+    raise ReportRejected(f"{label}: {where}: expected a string or an Atlassian Document "
+                         f"Format document, got {type(value).__name__}")
+
+
+def _who(person: _Person | None) -> str | None:
+    return (person.displayName or person.name) if person else None
+
+
+def _human(person: _Person | None) -> bool:
+    return not (person is not None and person.accountType == "app")
+
+
+def parse_jira(data: Any, label: str) -> Report:
+    issue = structure(LENIENT, data, _Issue, label)
+    f = issue.fields
+    if is_blank(f.summary):
+        raise ReportRejected(f"{label}: fields.summary: must not be blank")
+    description, conversion = _text(f.description, "fields.description", label)
+    if description is None or is_blank(description):
+        first = TextSource("report", "/fields/summary", _who(f.reporter), f.summary,
+                           human=_human(f.reporter))
+    else:
+        first = TextSource("report", "/fields/description", _who(f.reporter), description,
+                           human=_human(f.reporter), conversion=conversion)
+    texts = [first]
+    for i, c in enumerate(f.comment.comments if f.comment else ()):
+        body, conv = _text(c.body, f"fields.comment.comments.{i}.body", label)
+        if body is None or is_blank(body):
+            continue
+        texts.append(TextSource("comment", f"/fields/comment/comments/{i}/body",
+                                _who(c.author), body, human=_human(c.author),
+                                conversion=conv))
+    referenced = tuple(Referenced(f"/fields/attachment/{i}", a.filename, a.size, a.mimeType)
+                       for i, a in enumerate(f.attachment))
+    key = issue.key if issue.key and not is_blank(issue.key) else None
+    url = data.get("self") if isinstance(data.get("self"), str) else None
+    return Report(format="jira", title=f.summary, texts=tuple(texts),
+                  identity=valid_id(key) if key else None,
+                  issue={"format": "jira", "key": key, "url": url},
+                  referenced=referenced)

@@ -1,0 +1,283 @@
+"""Intake of GitHub and Jira issues: each shape read as its tool prints it, the original
+kept byte for byte, the catalogue pointing into it, bots marked, Jira attachments recorded,
+ADF converted deterministically, the case id taken from the issue, and every refusal of
+the native format also refused here (nothing written)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine import INTERPRETATION, Attachment, IntakeLimits, PackageView, prepare_intake
+from engine._config import InterpretationPolicy
+from engine._errors import ReportRejected
+from engine._intake._adf import adf_text
+from engine._intake._formats import parse_report
+from engine._intake._github import _User, is_bot, valid_id
+from engine._phases import interpretation_policy
+from tests.conftest import run_viano
+from tests.store_helpers import open_ro
+
+REPORTS = Path(__file__).parent / "fixtures" / "reports"
+
+
+def _intake(store: Path, report: Path, *extra: str) -> dict[str, Any]:
+    r = run_viano("intake", "--json", "--store", store, "--report", report, *extra)
+    assert r.returncode == 0, r.stderr
+    doc: dict[str, Any] = json.loads(r.stdout)
+    return doc
+
+
+def _sources(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(doc["catalogue"]["sources"])
+
+
+def _context(store_dir: Path, case_id: str) -> dict[str, Any]:
+    store = open_ro(store_dir)
+    try:
+        _ref, manifest = store.head(case_id)
+        view = PackageView(manifest, store.read_blob, store.open_blob)
+        raw = INTERPRETATION.context(view, interpretation_policy(InterpretationPolicy()), 1)
+        assert isinstance(raw, bytes)
+        return json.loads(raw)  # type: ignore[no-any-return]
+    finally:
+        store.close()
+
+
+def test_gh_issue_view_json(tmp_path: Path) -> None:
+    src = REPORTS / "github_gh.json"
+    doc = _intake(tmp_path / "s", src)
+    assert doc["case_id"] == "acme-org_doc.tool_1287"
+    rows = [(s["kind"], s["human"], s["origin"]["pointer"], s.get("minimized"))
+            for s in _sources(doc)]
+    assert rows == [
+        ("report", True, "/body", None),
+        ("comment", False, "/comments/0/body", None),  # app/dependabot
+        ("comment", False, "/comments/1/body", None),  # ci-helper[bot]
+        ("comment", True, "/comments/2/body", None),  # ghost: a deleted account, a person
+        ("comment", True, "/comments/3/body", "spam"),  # minimized, kept
+        ("comment", False, "/comments/4/body", None),  # is_bot
+        ("comment", True, "/comments/5/body", None),  # author null
+    ]
+    # The original, byte for byte, and the intake record with the issue's origin.
+    cat = run_viano("cat", "--store", tmp_path / "s", doc["case_id"], "inputs/github_gh.json")
+    assert cat.stdout.encode("utf-8") == src.read_bytes()
+    intake = json.loads(run_viano("cat", "--store", tmp_path / "s", doc["case_id"],
+                                  "case/intake.json").stdout)
+    assert intake["case_id_from"] == "issue"
+    assert intake["inputs"][0]["format"] == "github"
+    assert intake["issue"] == {"format": "github", "shape": "gh", "number": 1287,
+                               "url": "https://github.com/acme-org/doc.tool/issues/1287",
+                               "repository": "acme-org/doc.tool"}
+    # The phases read the same texts back from the original, hash-checked: the humans'
+    # as human texts (the long traceback whole), the bots' as excerpts.
+    ctx = _context(tmp_path / "s", doc["case_id"])["untrusted_case_data"]
+    human = {t["source_id"]: t for t in ctx["human_texts"]}
+    assert list(human) == ["S1", "S4", "S5", "S7"]
+    assert "KeyError: 'überschrift'" in human["S1"]["text"] and len(human["S1"]["text"]) > 30000
+    assert human["S1"]["author"] == "maria-dev" and human["S7"]["author"] is None
+    assert human["S5"]["minimized"] == "spam"
+    excerpts = {e["source_id"]: e["text"] for e in ctx["excerpts"]}
+    assert excerpts["S2"].startswith("Dependabot: a newer version")
+    assert excerpts["S6"] == "Renovate: pinned dependencies."
+
+
+def test_github_rest_shapes(tmp_path: Path) -> None:
+    combined = _intake(tmp_path / "s", REPORTS / "github_rest_combined.json")
+    assert combined["case_id"] == "acme-org_doc.tool_77"
+    assert [(s["kind"], s["human"], s["origin"]["pointer"]) for s in _sources(combined)] == [
+        ("report", True, "/issue/title"),  # body null: the title is the report's text
+        ("comment", False, "/comments/0/body"),  # user.type Bot
+        ("comment", True, "/comments/1/body")]
+    alone = _intake(tmp_path / "t", REPORTS / "github_rest_issue.json")
+    assert [s["origin"]["pointer"] for s in _sources(alone)] == ["/body"]
+    ctx = _context(tmp_path / "t", alone["case_id"])["untrusted_case_data"]
+    assert ctx["human_texts"][0]["text"] == "Opening an empty file crashes.\r\n\r\nVersion 2.0"
+    assert ctx["human_texts"][0]["author"] == "sam"
+
+
+def test_jira_v2_wiki_text_and_attachments_not_supplied(tmp_path: Path) -> None:
+    src = REPORTS / "jira_v2.json"
+    doc = _intake(tmp_path / "s", src)
+    assert doc["case_id"] == "PAY-314"
+    sources = _sources(doc)
+    assert [(s["kind"], s["human"]) for s in sources] == [
+        ("report", True), ("comment", False), ("comment", True), ("comment", True),
+        ("attachment", False), ("attachment", False)]
+    assert sources[4] | {"source_id": "x"} == {
+        "source_id": "x", "kind": "attachment", "human": False,
+        "origin": {"input": "inputs/jira_v2.json", "pointer": "/fields/attachment/0"},
+        "sha256": None, "size": 2048, "media_type": "text/plain", "name": "refund.log",
+        "supplied": False}
+    ctx = _context(tmp_path / "s", "PAY-314")
+    texts = ctx["untrusted_case_data"]["human_texts"]
+    wiki = json.loads(src.read_text())["fields"]["description"]
+    assert texts[0]["text"] == wiki and texts[0]["author"] == "Kenji Sato"
+    assert texts[2]["author"] is None  # an anonymous comment
+    skipped = {s["source_id"]: s["reason"] for s in ctx["excerpting"]["not_excerpted"]}
+    assert skipped["S5"] == skipped["S6"] == "not_supplied"
+
+
+EXPECTED_ADF = """## Steps
+
+1. Open settings
+2. Toggle dark mode
+
+   - nested détail
+
+```python
+def f():
+    raise ValueError('ß')
+```
+
+| browser | result |
+| Firefox 130 | crash |
+
+See the docs (https://docs.example.com/dark)
+@Lena please look 🔥
+
+> quoted log line
+
+panel text
+
+kept words of an unknown node
+
+[media: crash.png]"""
+
+
+def test_jira_v3_adf_converted_and_a_supplied_attachment(tmp_path: Path) -> None:
+    src = REPORTS / "jira_v3.json"
+    doc = _intake(tmp_path / "s", src, "--attach", REPORTS / "console.txt")
+    sources = _sources(doc)
+    assert sources[0]["origin"] == {"input": "inputs/jira_v3.json",
+                                    "pointer": "/fields/description",
+                                    "conversion": "adf-text/1"}
+    assert [s["kind"] for s in sources] == ["report", "comment", "comment", "attachment",
+                                            "attachment"]  # the empty ADF comment: none
+    assert sources[2]["human"] is False  # accountType app
+    assert sources[4]["supplied"] is True and sources[4]["supplied_as"] == "inputs/console.txt"
+    ctx = _context(tmp_path / "s", "UI-88")["untrusted_case_data"]
+    assert ctx["human_texts"][0]["text"] == EXPECTED_ADF
+    assert ctx["human_texts"][1]["text"] == ("Reproduced on 4.1; "
+                                             "https://acme.atlassian.net/browse/UI-80")
+
+
+def test_adf_conversion_is_deterministic_and_keeps_content() -> None:
+    doc = json.loads((REPORTS / "jira_v3.json").read_text())["fields"]["description"]
+    assert adf_text(doc) == adf_text(json.loads(json.dumps(doc))) == EXPECTED_ADF
+    nested = {"type": "doc", "content": [{"type": "bulletList", "content": [
+        {"type": "listItem", "content": [
+            {"type": "paragraph", "content": [{"type": "text", "text": "a"}]},
+            {"type": "orderedList", "attrs": {"order": 3}, "content": [
+                {"type": "listItem", "content": [
+                    {"type": "codeBlock", "content": [{"type": "text",
+                                                       "text": "x = 1\n```y```"}]}]}]}]}]}]}
+    assert adf_text(nested) == "- a\n\n  3. ````\n     x = 1\n     ```y```\n     ````"
+
+
+@pytest.mark.parametrize("name", ["github_gh.json", "github_rest_combined.json",
+                                  "github_rest_issue.json", "jira_v2.json", "jira_v3.json"])
+def test_detected_and_named_formats_agree(name: str) -> None:
+    raw = (REPORTS / name).read_bytes()
+    fmt = "jira" if name.startswith("jira") else "github"
+    detected = parse_report(raw, name)
+    assert detected.format == fmt
+    assert parse_report(raw, name, fmt) == detected
+    other = "github" if fmt == "jira" else "jira"
+    with pytest.raises(ReportRejected):
+        parse_report(raw, name, other)
+    assert parse_report(raw, name, "text").texts[0].text == raw.decode("utf-8")
+
+
+def test_bots_in_every_form_github_shows_them() -> None:
+    assert is_bot(_User(login="x", is_bot=True))
+    assert is_bot(_User(login="x", type="Bot"))
+    assert is_bot(_User(login="renovate[bot]"))
+    assert is_bot(_User(login="app/github-actions"))
+    assert not is_bot(_User(login="robotics-fan")) and not is_bot(None)
+    assert not is_bot(_User(login="x", type="User", is_bot=False))
+
+
+def test_case_ids_from_issue_identity() -> None:
+    assert valid_id("acme_rocket", "_42") == "acme_rocket_42"
+    long = valid_id("o" * 50 + "_" + "r" * 50, "_123456")
+    assert long.endswith("_123456") and len(long) == 64
+    assert valid_id("-weird/owner name_repo", "_1") == "weird-owner-name_repo_1"
+    assert valid_id("PAY-314") == "PAY-314"
+
+
+@pytest.mark.parametrize(("label", "doc", "reason", "needle"), [
+    ("gh title not a string", {"title": 5, "author": {"login": "a"}}, "invalid_report",
+     "title"),
+    ("gh title blank", {"title": "  ", "author": {"login": "a"}}, "invalid_report", "title"),
+    ("gh no title", {"author": {"login": "a"}, "body": "x"}, "invalid_report", "title"),
+    ("gh comments not a list", {"title": "t", "author": {"login": "a"}, "comments": "c"},
+     "invalid_report", "comments"),
+    ("gh comment author login int", {"title": "t", "comments": [
+        {"author": {"login": 7}, "body": "b"}]}, "invalid_report", "login"),
+    ("gh is_bot not a bool", {"title": "t", "author": {"login": "a", "is_bot": "yes"}},
+     "invalid_report", "is_bot"),
+    ("rest body not a string", {"issue": {"title": "t", "body": ["b"]}}, "invalid_report",
+     "body"),
+    ("jira no summary", {"key": "A-1", "fields": {"description": "d"}}, "invalid_report",
+     "summary"),
+    ("jira summary blank", {"key": "A-1", "fields": {"summary": "\u200b"}}, "invalid_report",
+     "summary"),
+    ("jira description a number", {"key": "A-1", "fields": {"summary": "s",
+                                                            "description": 3}},
+     "invalid_report", "description"),
+    ("jira attachment size text", {"fields": {"summary": "s", "attachment": [
+        {"filename": "a", "size": "big"}]}}, "invalid_report", "size"),
+    ("unknown shape", {"name": "x", "value": 1}, "unknown_format", "viano, github, jira"),
+    ("two shapes", {"fields": {"summary": "s"}, "author": {"login": "a"}, "title": "t"},
+     "ambiguous_format", "(jira, github)"),
+])
+def test_refusals_write_nothing(tmp_path: Path, label: str, doc: dict[str, Any], reason: str,
+                                needle: str) -> None:
+    report = tmp_path / "issue.json"
+    report.write_text(json.dumps(doc))
+    r = run_viano("intake", "--json", "--store", tmp_path / "s", "--report", report)
+    assert r.returncode == 2, (label, r.stdout, r.stderr)
+    error = json.loads(r.stdout)["error"]
+    assert error["reason"] == reason, (label, error)
+    assert needle in error["message"] + error["hint"], (label, error)
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("fmt", ["github", "jira"])
+def test_deep_nesting_duplicate_keys_and_bytes_refused(tmp_path: Path, fmt: str) -> None:
+    deep = '{"title": "t", "fields": {"summary": "s", "x": ' + "[" * 200 + "]" * 200 + "}}"
+    dup = ('{"title": "t", "title": "u", "author": {"login": "a"}}' if fmt == "github" else
+           '{"key": "A-1", "fields": {"summary": "s", "summary": "t"}}')
+    for i, text in enumerate([deep, dup]):
+        report = tmp_path / f"r{i}.json"
+        report.write_text(text)
+        r = run_viano("intake", "--json", "--store", tmp_path / "s", "--report", report,
+                      "--format", fmt)
+        assert r.returncode == 2 and json.loads(r.stdout)["error"]["reason"] == \
+            "invalid_report", r.stdout
+    report = tmp_path / "latin1.json"
+    report.write_bytes('{"title": "caf\xe9"}'.encode("latin-1"))
+    r = run_viano("intake", "--json", "--store", tmp_path / "s", "--report", report,
+                  "--format", fmt)
+    assert r.returncode == 2 and "UTF-8" in json.loads(r.stdout)["error"]["message"]
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_catalogue_that_no_longer_matches_its_original_is_a_history_problem() -> None:
+    """The phases parse the stored original again with the recorded format: a text that
+    differs from the catalogue's hash does not pass (what an edited import would show)."""
+    raw = (REPORTS / "jira_v3.json").read_bytes()
+    plan = prepare_intake(REPORTS / "jira_v3.json", [Attachment("attachment",
+                                                                REPORTS / "console.txt")],
+                          case_id=None, limits=IntakeLimits())
+    first = plan.catalogue["sources"][0]
+    edited = raw.replace(b"Toggle dark mode", b"Toggle dark mode!")
+    again = parse_report(edited, "x", "jira").by_pointer()[first["origin"]["pointer"]]
+    import hashlib
+    assert hashlib.sha256(again.text.encode()).hexdigest() != first["sha256"]
+    assert hashlib.sha256(parse_report(raw, "x", "jira").texts[0].text.encode()
+                          ).hexdigest() == first["sha256"]

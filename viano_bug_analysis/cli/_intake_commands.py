@@ -1,0 +1,280 @@
+"""``viano intake``: one report with its attachments, or many reports in one process.
+
+Bulk intake (``--batch DIR`` or ``--batch FILE.jsonl``) reads each report, checks it as a
+single intake would, and publishes up to :data:`IN_FLIGHT` of them at once through the
+publisher, whose group commit puts many in one transaction. Each report is its own
+publication: a refused one writes nothing and does not stop the others. A case that
+already exists with the same report bytes is "already present"; with other bytes it is
+refused (``case_exists``). Run again after an interruption, it takes in what is missing
+and nothing twice: each case's creation is a compare-and-swap on "no generation yet".
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from actors import StoreHandle, open_store
+from engine import (
+    Attachment,
+    CaseExists,
+    CaseLocked,
+    Config,
+    IntakeLimits,
+    IntakePlan,
+    NotFound,
+    Published,
+    RejectedInput,
+    UsageError,
+    prepare_intake,
+)
+from engine._text import terminal_safe
+
+from ._batch_commands import _stoppable
+from ._context import store_location
+from ._output import Output
+
+IN_FLIGHT = 64  # publications waiting on the publisher at once (its batch fills from these)
+LOCKED_TRIES = 50  # another process holds a case being taken in: wait up to ~5 s
+LOCKED_WAIT_S = 0.1
+
+
+def cmd_intake(args: argparse.Namespace, out: Output, config: Config) -> int:
+    if args.batch is not None:
+        if args.attach or args.case_id:
+            raise UsageError("--batch takes no --attach or --case-id (each report names its "
+                             "own case)", hint="Take in reports with attachments one by one "
+                                               "with --report.")
+        return _bulk(args, out, config)
+    if args.report is None:
+        raise UsageError("viano intake needs --report FILE or --batch DIR|FILE.jsonl",
+                         hint="Run 'viano intake --help' to see its arguments.")
+    attachments = [Attachment.parse(spec) for spec in args.attach]
+    total = 0
+    for a in attachments:
+        with contextlib.suppress(OSError):  # prepare_intake refuses it with its reason
+            total += a.path.stat().st_size if a.path.is_file() else 0
+    with out.progress("reading attachments", total, unit_bytes=True) as advance:
+        plan = prepare_intake(Path(args.report), attachments, case_id=args.case_id,
+                              limits=config.intake.limits, progress=advance,
+                              report_format=args.format)
+    published = trio.run(_publish_intake, store_location(args, config), plan)
+    _print_intake(out, plan, published)
+    return 0
+
+
+async def _publish_intake(location: str, plan: IntakePlan) -> Published:
+    async with open_store(location) as store:
+        return await store.intake(plan)
+
+
+def _print_intake(out: Output, plan: IntakePlan, published: Published) -> None:
+    sources = plan.catalogue["sources"]
+    if out.as_json:
+        out.document({"case_id": published.case_id, "package_id": published.package_id,
+                      "package_generation": published.generation,
+                      "phase": published.manifest.phase, "title": plan.title,
+                      "catalogue": plan.catalogue})
+        return
+    out.line(f"case {published.case_id}: {plan.title}")
+    out.line(f"package {published.package_id}, generation {published.generation}, "
+             f"{len(sources)} sources")
+    rows = [(s["source_id"], _kind(s), _origin(s["origin"]),
+             "" if s["size"] is None else s["size"], s["media_type"]) for s in sources]
+    out.table("catalogue", ["id", "kind", "origin", "bytes", "media type"], rows)
+
+
+def _kind(s: dict[str, Any]) -> str:
+    words = str(s["kind"]) + (" (human)" if s["human"] else " (bot)" if s["kind"] in (
+        "report", "comment") else "")
+    if s.get("supplied") is False:
+        words += " (referenced, not supplied)"
+    elif s.get("supplied") is True:
+        words += f" (referenced, supplied as {s.get('supplied_as')})"
+    if s.get("minimized"):
+        words += f" (minimized: {s['minimized']})"
+    return words
+
+
+def _origin(origin: dict[str, str]) -> str:
+    if "member" in origin:
+        return f"{origin['input']} :: {origin['member']}"
+    if "pointer" in origin:
+        return f"{origin['input']}#{origin['pointer']}"
+    return origin["input"]
+
+
+# --- bulk --------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class _Item:
+    label: str  # what the user calls it: the file, or FILE.jsonl:LINE
+    path: Path
+    raw: bytes | None = None  # a JSON Lines line; None: read the file at path
+    name: str | None = None  # the input name to store it under (lines: report.json)
+    refusal: RejectedInput | None = None  # known bad before it is read (a huge line)
+
+
+def _items(path: Path, limits: IntakeLimits) -> tuple[int, Iterator[_Item]]:
+    """(how many, the reports) of a folder (its regular files, by name; dot-files left
+    out) or of a JSON Lines file (one report per non-blank line)."""
+    if path.is_dir():
+        files = sorted((p for p in path.iterdir() if not p.name.startswith(".")
+                        and p.is_file()), key=lambda p: p.name.encode("utf-8",
+                                                                      "surrogateescape"))
+        return len(files), (_Item(terminal_safe(str(p)), p) for p in files)
+    if not path.is_file():
+        raise UsageError(f"--batch {terminal_safe(str(path))}: no such folder or file",
+                         hint="Give a folder of report files or a JSON Lines file.")
+    with path.open("rb") as f:
+        total = sum(1 for line in iter(lambda: f.readline(1 << 20), b"")
+                    if line.endswith(b"\n") or line.strip())
+    return total, _lines(path, limits.max_report_bytes)
+
+
+def _lines(path: Path, limit: int) -> Iterator[_Item]:
+    with path.open("rb") as f:
+        number = 0
+        while True:
+            line = f.readline(limit + 1)
+            if not line:
+                return
+            number += 1
+            label = f"{terminal_safe(str(path))}:{number}"
+            if len(line) > limit and not line.endswith(b"\n"):
+                while (rest := f.readline(1 << 20)) and not rest.endswith(b"\n"):
+                    pass
+                yield _Item(label, path, refusal=RejectedInput(
+                    f"{label}: larger than max_report_bytes={limit}",
+                    reason="limit_exceeded"))
+                continue
+            line = line.rstrip(b"\r\n")
+            if line.strip():
+                yield _Item(label, path, raw=line, name="report.json")
+
+
+@attrs.define
+class _Tally:
+    taken: list[dict[str, Any]] = attrs.Factory(list)
+    present: list[dict[str, Any]] = attrs.Factory(list)
+    refused: list[dict[str, Any]] = attrs.Factory(list)
+
+    def counts(self) -> str:
+        return (f"taken in {len(self.taken)}, already present {len(self.present)}, "
+                f"refused {len(self.refused)}")
+
+
+Done = Callable[[str, dict[str, Any]], None]  # ("taken" | "present" | "refused", entry)
+
+
+def _bulk(args: argparse.Namespace, out: Output, config: Config) -> int:
+    total, items = _items(Path(args.batch), config.intake.limits)
+    tally = _Tally()
+    started = time.perf_counter()
+    with out.progress_with_text("reports", total) as (advance, set_text):
+        def done(kind: str, entry: dict[str, Any]) -> None:
+            getattr(tally, kind).append(entry)
+            advance(1)
+            set_text(tally.counts())
+
+        stats, interrupted = trio.run(_bulk_run, store_location(args, config), items,
+                                      config.intake.limits, args.format, done)
+    summary = {"reports": total, "taken_in": len(tally.taken),
+               "already_present": len(tally.present), "refused": tally.refused,
+               "interrupted": interrupted, "seconds": round(time.perf_counter() - started, 3),
+               "store": stats, "cases": tally.taken + tally.present}
+    if out.as_json:
+        out.document(summary)
+    else:
+        out.line(f"{total} reports: {tally.counts()}; {summary['seconds']}s; "
+                 f"{stats.get('publications_per_transaction', 0)} publications per "
+                 "transaction" + (" (interrupted: run the same command to resume)"
+                                  if interrupted else ""))
+        for r in tally.refused:
+            out.line(f"  refused {r['report']}: [{r['reason']}] {r['message']}")
+    if interrupted:
+        raise KeyboardInterrupt
+    return 2 if tally.refused else 0
+
+
+async def _bulk_run(location: str, items: Iterator[_Item], limits: IntakeLimits,
+                    fmt: str | None, done: Done) -> tuple[dict[str, Any], bool]:
+    async with _stoppable() as (stop, work), open_store(location) as store:
+        with work:
+            slots = trio.Semaphore(IN_FLIGHT)
+            async with trio.open_nursery() as nursery:
+                for item in items:
+                    plan = _prepare(item, limits, fmt, done)
+                    if plan is None:
+                        await trio.lowlevel.checkpoint()  # a long run of refusals stays
+                        continue                          # interruptible
+                    await slots.acquire()
+                    nursery.start_soon(_publish_one, store, item, plan, slots, done)
+        return store.stats.to_json(), stop.is_set()
+
+
+def _prepare(item: _Item, limits: IntakeLimits, fmt: str | None,
+             done: Done) -> IntakePlan | None:
+    try:
+        if item.refusal is not None:
+            raise item.refusal
+        return prepare_intake(item.path, (), case_id=None, limits=limits, report_format=fmt,
+                              report_bytes=item.raw, report_name=item.name)
+    except RejectedInput as exc:
+        done("refused", _refusal(item, exc))
+        return None
+
+
+def _refusal(item: _Item, exc: RejectedInput, case_id: str | None = None) -> dict[str, Any]:
+    return {"report": item.label, "case_id": case_id, "reason": exc.reason,
+            "message": terminal_safe(exc.message)}
+
+
+async def _publish_one(store: StoreHandle, item: _Item, plan: IntakePlan,
+                       slots: trio.Semaphore, done: Done) -> None:
+    try:
+        for _ in range(LOCKED_TRIES):
+            try:
+                published = await store.intake(plan)
+            except CaseLocked:
+                await trio.sleep(LOCKED_WAIT_S)  # another intake of this case is under way
+                continue
+            except CaseExists:
+                await _existing(store, item, plan, done)
+                return
+            except RejectedInput as exc:
+                done("refused", _refusal(item, exc, plan.case_id))
+                return
+            done("taken", {"report": item.label, "case_id": published.case_id,
+                           "package_id": published.package_id})
+            return
+        done("refused", _refusal(item, RejectedInput(
+            f"case {plan.case_id!r} stayed locked by another process", reason="locked"),
+            plan.case_id))
+    finally:
+        slots.release()
+
+
+async def _existing(store: StoreHandle, item: _Item, plan: IntakePlan, done: Done) -> None:
+    """The case exists: the same report bytes are already present; others are refused."""
+    _ref, snap = await store.head(plan.case_id)
+    try:
+        intake = json.loads(await snap.read("case/intake.json"))
+        theirs = next(i.get("sha256") for i in intake["inputs"] if i.get("role") == "report")
+    except (ValueError, KeyError, TypeError, StopIteration, NotFound):
+        theirs = None
+    if theirs == plan.report_sha256:
+        done("present", {"report": item.label, "case_id": plan.case_id,
+                         "package_id": snap.manifest.package_id})
+    else:
+        done("refused", _refusal(item, CaseExists(
+            f"case {plan.case_id!r} already exists with a different report"), plan.case_id))

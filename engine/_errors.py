@@ -8,7 +8,7 @@ happened, a ``hint`` saying what to do next, and the CLI exit code it maps to::
     │   ├── UsageError                 usage_error
     │   ├── ConfigError                config_invalid
     │   ├── InvalidCaseId              invalid_case_id
-    │   ├── ReportRejected             invalid_report
+    │   ├── ReportRejected             invalid_report, unknown_format, ambiguous_format
     │   ├── InputRejected              invalid_input, duplicate_input, input_changed,
     │   │                              unreadable_input, limit_exceeded
     │   ├── ArchiveRejected            limit_exceeded, unsafe_archive_member,

@@ -27,7 +27,7 @@ ENGINE_API = [
     "ChangeRejected", "Config", "ConfigError", "DEFERRED", "DestinationRejected",
     "DispatchRequest", "DispatchResult", "ERROR", "EXIT_BLOCKED", "EXIT_DEFERRED", "EXIT_ERROR",
     "EXIT_INTERNAL", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_REJECTED", "EXIT_RETRY_PENDING",
-    "Enter", "ExportSummary", "FailureClass", "FileEntry", "FileSource", "Finish",
+    "Enter", "ExportSummary", "FORMATS", "FailureClass", "FileEntry", "FileSource", "Finish",
     "GatewayCancelled", "GatewayConfig", "GatewayError", "GcReport", "GenerationRow",
     "HYPOTHESES", "HYPOTHESES_PHASE", "HistoryProblem", "HttpCall", "HypothesisLimits",
     "HypothesisPolicy", "INLINE_THRESHOLD", "INTERPRETATION", "INTERPRETATION_PHASE",
@@ -50,10 +50,10 @@ ENGINE_API = [
     "loads_untrusted", "make_record", "markdown_block", "markdown_inline", "new_package_id",
     "no_answer_status", "normalized", "open_backend", "parse_contracted_json", "person",
     "phase_dir", "plan_batch", "prepare_intake", "prompt_for", "provider_statistics",
-    "read_export", "remove_log_filter", "reopen_change", "retry_after_seconds", "round_change",
-    "running", "sha256_hex", "successor_violations", "terminal_safe", "unblock_change",
-    "utc_now_iso", "validate_case_id", "validate_hypotheses", "validate_interpretation",
-    "verify_store",
+    "read_export", "remove_log_filter", "reopen_change", "report_document", "report_markdown",
+    "retry_after_seconds", "round_change", "running", "sha256_hex", "successor_violations",
+    "terminal_safe", "unblock_change", "utc_now_iso", "validate_case_id", "validate_hypotheses",
+    "validate_interpretation", "verify_store",
 ]
 
 ACTORS_API = [

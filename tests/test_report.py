@@ -1,0 +1,135 @@
+"""``viano report``: the interpretation and hypotheses, traceable to the package, and inert
+when posted: no model or reporter text becomes a link, an image, HTML or a mention."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cmarkgfm
+import pytest
+import trio
+from cmarkgfm.cmark import Options
+
+from engine import Config, ProviderConfig, report_markdown
+from engine._phases import md_text
+from tests.conftest import make_readonly, make_writable, run_viano
+from viano_bug_analysis import bundled_sample
+from viano_bug_analysis.cli._demo import _run
+
+HOSTILE = [
+    "see [click](https://evil.example/x) and ![img](https://evil.example/i.png)",
+    "<img src=x onerror=alert(1)> <script>alert(1)</script> <a href='y'>z</a>",
+    "ping @octocat and @acme/team, fixes #123 and acme/rocket#9, GH-4",
+    "bare https://evil.example/path and www.evil.example and mail me@evil.example",
+    "# heading\n- list\n> quote\n| a | b |\n|---|---|\n1. one\n===",
+    "**bold** _em_ ~~strike~~ `code` <https://evil.example> &amp; &#x3C;",
+    "[ref]: https://evil.example\n[ref]",
+    "\x1b[31mred\x1b[0m \u202eevil\u202c",
+]
+
+
+def _html(md: str) -> str:
+    return cmarkgfm.github_flavored_markdown_to_html(md, options=Options.CMARK_OPT_UNSAFE)
+
+
+def _assert_inert(md: str) -> None:
+    html = _html(md)
+    assert "<a " not in html and "<img" not in html and "<script" not in html, html
+    tags = set(re.findall(r"<(/?[a-z0-9]+)", html))
+    assert tags <= {"p", "/p", "ul", "/ul", "li", "/li", "h2", "/h2", "h3", "/h3", "h4",
+                    "/h4", "hr", "table", "/table", "thead", "/thead", "tbody", "/tbody",
+                    "tr", "/tr", "th", "/th", "td", "/td"}, tags
+    text = re.sub(r"<[^>]+>", "", html)
+    assert re.search(r"@[A-Za-z0-9]", text) is None, text  # no mention
+    assert re.search(r"#\d", text) is None, text  # no issue reference
+    assert "\x1b" not in md and "\u202e" not in md
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_one_hostile_text_is_inert(text: str) -> None:
+    _assert_inert(f"- {md_text(text)}")
+    _assert_inert(md_text(text))
+
+
+def test_a_whole_report_of_hostile_text_is_inert() -> None:
+    bad = " / ".join(HOSTILE)
+    hyp = {k: bad for k in ("id", "title", "mechanism", "distinction")}
+    hyp |= {k: [bad, bad] for k in ("expected_evidence", "falsifying_evidence",
+                                      "open_questions", "source_ids", "interpretation_ids")}
+    doc: dict[str, Any] = {
+        "case_id": "C-1", "title": bad, "analysis_revision": 1,
+        "interpretation": {"summary": bad, "confirmed_by": bad, "missing_observations": [bad],
+                           "statements": [{"alias": "I1", "kind": bad, "text": bad,
+                                           "source_ids": [bad]}]},
+        "sources": [{"source_id": "S1", "kind": bad, "author": bad, "quote": bad}],
+        "hypotheses": [hyp], "allocation": [{"id": bad, "initial": bad, "unit": bad}],
+        "trace": {"package_id": "p", "package_generation": 3, "interpretation_sha256": "a",
+                  "hypotheses_sha256": "b", "registry_sha256": "c"}}
+    md = report_markdown(doc)
+    _assert_inert(md)
+    # The text is still all there for a person to read.
+    assert "octocat" in md and "onerror=alert" in md and "strike" in md
+
+
+@pytest.fixture(scope="module")
+def completed_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("report") / "store"
+    config = attrs.evolve(Config.defaults(), providers=(
+        ProviderConfig(name="f", kind="fixture", path=str(bundled_sample() / "fixtures")),))
+    results, _ = trio.run(_run, str(root), config)
+    assert [r.status for r in results] == ["COMPLETED", "COMPLETED"]
+    return root
+
+
+def test_the_report_of_a_completed_case(completed_store: Path) -> None:
+    r = run_viano("report", "--store", completed_store, "BUG-20")
+    assert r.returncode == 0, r.stderr
+    md = r.stdout
+    _assert_inert(md)
+    show = json.loads(run_viano("show", "--json", "--store", completed_store,
+                                "BUG-20").stdout)
+    hyp_path = show["pointers"]["hypotheses"]
+    hyps = json.loads(run_viano("cat", "--store", completed_store, "BUG-20",
+                                hyp_path).stdout)["hypotheses"]
+    for h in hyps:
+        assert f"#### {h['id']}: " in md
+    assert md.count("- Mechanism: ") == md.count("- Falsifying evidence:") == len(hyps) == 3
+    assert "- Open questions:" in md and "- Distinction: " in md
+    assert "| H1 | 100 | investigation\\_units |" in md
+    assert "- S1 (report, mira.tanaka): “Since updating QuestLedger" in md
+    footer = md.strip().splitlines()[-1]
+    assert show["package_id"] in footer and f"generation {show['package_generation']}" in footer
+    assert show["files"][hyp_path]["sha256"] in footer
+    assert show["files"][show["pointers"]["interpretation"]]["sha256"] in footer
+
+    as_json = run_viano("report", "--store", completed_store, "BUG-20", "--format", "json")
+    doc = json.loads(as_json.stdout)
+    assert doc == json.loads(run_viano("report", "--json", "--store", completed_store,
+                                       "BUG-20").stdout)
+    assert [h["id"] for h in doc["hypotheses"]] == ["H1", "H2", "H3"]
+    assert doc["allocation"] == [{"id": f"H{i}", "initial": 100,
+                                  "unit": "investigation_units"} for i in (1, 2, 3)]
+    assert doc["trace"]["hypotheses_sha256"] == show["files"][hyp_path]["sha256"]
+    assert report_markdown(doc) == md  # the Markdown is a rendering of that document
+
+
+def test_report_refusals_and_a_read_only_store(completed_store: Path, tmp_path: Path) -> None:
+    r = run_viano("report", "--json", "--store", completed_store, "BUG-20", "--revision", "2")
+    assert r.returncode == 2 and json.loads(r.stdout)["error"]["reason"] == "unknown_revision"
+    r = run_viano("report", "--json", "--store", completed_store, "NOPE")
+    assert r.returncode == 2 and json.loads(r.stdout)["error"]["reason"] == "unknown_case"
+    fresh = tmp_path / "s"
+    report = tmp_path / "r.json"
+    report.write_text(json.dumps({"title": "t", "body": "b", "case_id": "NEW-1"}))
+    assert run_viano("intake", "--store", fresh, "--report", report).returncode == 0
+    r = run_viano("report", "--json", "--store", fresh, "NEW-1")
+    assert r.returncode == 2 and json.loads(r.stdout)["error"]["reason"] == "no_interpretation"
+    make_readonly(completed_store)
+    try:
+        assert run_viano("report", "--store", completed_store, "BUG-20").returncode == 0
+    finally:
+        make_writable(completed_store)

@@ -4,10 +4,12 @@ It owns a nursery and routes each dispatch to a **case actor**: one task per cas
 holding that case's lease for the whole of it and running the case as far as it can go now —
 interpretation, confirmation when ``auto_confirm``, hypotheses — each phase decided from
 durable state. A second dispatch of a case whose actor is running joins it instead of
-competing for the lease. In-flight cases are bounded by ``concurrency`` (a capacity
-limiter), so 10,000 queued cases hold no leases, no file descriptors and no tasks beyond
-that bound; provider requests are bounded by each provider's ``max_concurrency`` in the
-gateway pool, and the actors' publications share the publisher's group commits.
+competing for the lease. In-flight cases are bounded by ``concurrency``: a dispatched or
+submitted case waits in a FIFO queue (an entry, no task) and its case actor is started only
+when one of the ``concurrency`` slots is free, so 10,000 submitted cases hold no leases, no
+file descriptors and no tasks beyond that bound; provider requests are bounded by each
+provider's ``max_concurrency`` in the gateway pool, and the actors' publications share the
+publisher's group commits.
 
 Every advance ends in a result, never an exception that would take other cases down: an
 error of one case (a store hiccup, an unknown id, a bug) is that case's ERROR result. An
@@ -19,6 +21,7 @@ index (``run_until_idle``, ``serve``) are in ``_passes.py``.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -90,6 +93,8 @@ class CaseResult:
 
 @attrs.define
 class _Running:
+    """A case taken for an advance: queued until a slot is free, then its actor's."""
+
     report: bool                      # submitted: its result goes to Engine.results
     done: trio.Event = attrs.field(factory=trio.Event)
     result: CaseResult | None = None
@@ -104,7 +109,9 @@ class Engine(Passes):
         self.clock = clock
         self._nursery = nursery
         self._limiter = trio.CapacityLimiter(concurrency)
-        self._running: dict[str, _Running] = {}
+        self._running: dict[str, _Running] = {}  # taken: queued or with a case actor
+        self._queue: deque[str] = deque()        # taken, waiting for a slot (no task yet)
+        self._active = 0                         # case actors (tasks) alive
         self._results_send, self.results = trio.open_memory_channel[CaseResult](
             RESULTS_BUFFER)
         self.dropped_results = 0
@@ -139,9 +146,13 @@ class Engine(Passes):
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self._subscribers.remove(sub)
 
-    def _step(self, case_id: str, step: str, status: CaseStatus, generation: int) -> None:
+    def _step(self, case_id: str, step: str, status: CaseStatus, revision: int,
+              generation: int) -> None:
+        """A step of the engine's own (a confirmation, a settled status), in the shape of
+        the case actor's step events."""
         self._event({"event": "step", "case_id": case_id, "phase": status.phase,
-                     "package_generation": generation, "step": step,
+                     "analysis_revision": revision, "package_generation": generation,
+                     "step": step,
                      "status": status.status, "reason": status.reason,
                      "round": status.round})
 
@@ -170,7 +181,10 @@ class Engine(Passes):
     def submit(self, case_id: str) -> bool:
         """Advance ``case_id`` in the background; its result arrives on :attr:`results`
         (an unknown case, or any error of it, as an ERROR result). False if it is already
-        being advanced (its result arrives once) or the engine no longer takes work."""
+        being advanced or waiting for a slot (its result arrives once), or the engine no
+        longer takes work. Bounded: a submitted case waits in the engine's queue (an entry,
+        no task) until one of the ``concurrency`` slots is free, so however many cases are
+        submitted, at most ``concurrency`` case actors exist."""
         if not self.accepting or case_id in self._running:
             return False
         self._start(case_id, report=True)
@@ -178,16 +192,40 @@ class Engine(Passes):
 
     @property
     def in_flight(self) -> int:
+        """Cases taken for an advance and not finished: waiting for a slot, or running."""
         return len(self._running)
+
+    @property
+    def active(self) -> int:
+        """Case actors alive now (at most ``concurrency``)."""
+        return self._active
+
+    @property
+    def queued(self) -> int:
+        """Cases waiting for a slot (they hold no task, lease or descriptor)."""
+        return len(self._queue)
 
     def _start(self, case_id: str, *, report: bool) -> _Running:
         running = _Running(report)
+        if not self.accepting:  # stopped: never advanced (a dispatch says engine_stopped)
+            running.done.set()
+            return running
         self._running[case_id] = running
-        self._nursery.start_soon(self._actor, case_id, running)
+        self._queue.append(case_id)
+        self._fill_slots()
         return running
 
+    def _fill_slots(self) -> None:
+        """Start case actors for the queue's first cases while slots are free."""
+        while self._queue and self.accepting and self._active < self.concurrency:
+            case_id = self._queue.popleft()
+            self._active += 1
+            self._nursery.start_soon(self._actor, case_id, self._running[case_id])
+
     async def _actor(self, case_id: str, running: _Running) -> None:
-        """A case actor: the case's lease for its whole advance, bounded by concurrency."""
+        """A case actor: the case's lease for its whole advance, bounded by concurrency
+        (started by :meth:`_fill_slots` only for a free slot; the limiter is a second
+        guard)."""
         try:
             async with self._limiter:
                 started = trio.current_time()
@@ -204,9 +242,18 @@ class Engine(Passes):
                     self.dropped_results += 1
         finally:
             del self._running[case_id]
+            self._active -= 1
             running.done.set()
+            self._fill_slots()
             self._finished.set()
             self._finished = trio.Event()
+
+    def _stop(self) -> None:
+        """No new work; the cases still waiting for a slot end unadvanced (a dispatch
+        waiting for one raises engine_stopped)."""
+        self.accepting = False
+        while self._queue:
+            self._running.pop(self._queue.popleft()).done.set()
 
     def _hold_back(self, result: CaseResult) -> None:
         """Keep a case out of the passes for a while when offering it again now would only
@@ -272,7 +319,8 @@ class Engine(Passes):
         if s is None or (s.status, s.phase, s.reason) != (r.status, r.phase, r.reason):
             status = CaseStatus(status=r.status, phase=r.phase, reason=str(r.reason))
             await snap.set_status(status)
-            self._step(result.case_id, "settle", status, ref.generation)
+            self._step(result.case_id, "settle", status, ref.analysis_revision,
+                       ref.generation)
         return result
 
     async def _confirm(self, case_id: str) -> None:
@@ -280,7 +328,8 @@ class Engine(Passes):
         made = await trio.to_thread.run_sync(confirm_change, view_of(snap), "policy:auto_confirm")
         if made is not None:
             after = await snap.publish(*made)
-            self._step(case_id, "confirm", made[1], after.generation)
+            self._step(case_id, "confirm", made[1], after.manifest.analysis_revision,
+                       after.generation)
 
     async def _failure(self, case_id: str, exc: Exception) -> CaseResult:
         """``exc`` as this case's ERROR result (and an event): the other cases go on."""
@@ -315,7 +364,7 @@ async def open_engine_on(store: StoreHandle, gateway: GatewayHandle, config: Con
         try:
             yield engine
         finally:
-            engine.accepting = False
+            engine._stop()
             nursery.cancel_scope.cancel()
             engine._results_send.close()
             for sub in engine._subscribers:

@@ -84,10 +84,11 @@ async def http_attempt(client: httpx.AsyncClient, call: HttpCall, ctx: AttemptCo
             truncated=over, failure=failure, detail=f"http_{status}",
             error=f"HTTP {status}", retry_after=retry_after))
 
-    def invalid(detail: str, message: str) -> AttemptResult:
+    def invalid(detail: str, message: str, content: str | None = None) -> AttemptResult:
         return AttemptResult(make_record(
             ctx, call, started, started_at, status=status, headers=headers, body=body,
-            truncated=over, failure=FailureClass.INVALID_ANSWER, detail=detail, error=message))
+            truncated=over, failure=FailureClass.INVALID_ANSWER, detail=detail, error=message),
+            content=content)
 
     if over:
         return invalid("output_limit_exceeded",
@@ -103,18 +104,20 @@ async def http_attempt(client: httpx.AsyncClient, call: HttpCall, ctx: AttemptCo
 
 def _check_content(ctx: AttemptContext, content: str,
                    ok: Callable[[str, dict[str, Any]], AttemptResult],
-                   invalid: Callable[[str, str], AttemptResult]) -> AttemptResult:
+                   invalid: Callable[[str, str, str | None], AttemptResult]) -> AttemptResult:
     """Only the contracted *form* is checked here (one JSON object); the phase validates
     the content itself, so a bug in a phase's check can never pass for a model's fault.
 
     The content is masked first, like everything else a provider sends: a provider (or a
     model told to by the case) echoing a key inside its answer must not carry it into the
-    checkpoint, the artifacts or an export. The masked text is the answer from here on."""
+    checkpoint, the artifacts or an export. The masked text is the answer from here on,
+    also when its form is wrong: the round record keeps what came back, whole (the audit
+    record's copy is cut at its limit)."""
     content = ctx.redactor.text(content)
     try:
         parsed = parse_contracted_json(content)
     except InvalidAnswer as exc:
-        return invalid(exc.detail, str(exc))
+        return invalid(exc.detail, str(exc), content)
     return ok(content, parsed)
 
 
@@ -144,10 +147,10 @@ def fixture_attempt(ctx: AttemptContext) -> AttemptResult:
             ctx, None, started, started_at, failure=FailureClass.CONFIGURATION,
             detail="fixture_missing", error=f"no fixture answer under {root}"))
 
-    def invalid(detail: str, message: str) -> AttemptResult:
+    def invalid(detail: str, message: str, content: str | None = None) -> AttemptResult:
         return AttemptResult(make_record(ctx, None, started, started_at, status=200, body=raw,
                                          failure=FailureClass.INVALID_ANSWER, detail=detail,
-                                         error=message))
+                                         error=message), content=content)
 
     if len(raw) > ctx.max_output_bytes:
         return invalid("output_limit_exceeded", "the fixture answer is over the output limit")

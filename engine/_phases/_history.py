@@ -13,9 +13,9 @@ on a revision's history, and whenever ``viano verify`` runs, the whole folder is
   policy, derived again;
 * **rounds**: each record names its own series, round and outcome, is bound to the pinned
   policy, context and prompt by their hashes and by the attempt hash, and carries an answer
-  that matches its hash; series follow one another only after a block and a well-formed
-  unblock; every answer but the last was judged (an errors file); a rejection names a
-  round that exists;
+  that matches its hash (an invalid answer's round: what came back, or nothing); series
+  follow one another only after a block and a well-formed unblock; every answer but the
+  last was judged (an errors file); a rejection names a round that exists;
 * **acceptance**: accepted artifacts come from the last round, an answer that was not
   rejected (what the artifacts themselves must contain is the phase's check);
 * **pointers**: each of the phase's pointers names a file of the kind it is for, in a
@@ -212,10 +212,16 @@ class _Audit:
 
     @staticmethod
     def _answer_ok(doc: Mapping[str, Any], outcome: str) -> bool:
+        """An answer round carries its answer; an invalid one carries what came back when
+        the runner could keep it (or nothing); no other round carries any. Whatever is
+        carried matches its hash and size."""
         answer = doc.get("answer")
-        if outcome != "answer":
+        if outcome == "invalid" and answer is None:
+            return True
+        if outcome not in ("answer", "invalid"):
             return answer is None
-        if not isinstance(answer, dict) or not isinstance(answer.get("content"), str):
+        if not isinstance(answer, dict) or set(answer) != {"content", "sha256", "bytes"} or \
+                not isinstance(answer.get("content"), str):
             return False
         raw = answer["content"].encode("utf-8")
         return answer.get("sha256") == sha256_hex(raw) and answer.get("bytes") == len(raw)

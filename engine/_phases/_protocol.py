@@ -152,7 +152,8 @@ class PhaseState:
     accepted: bool
     history_problem: str | None       # the accepted/declared artifacts do not stand up
     precheck: Refusal | None          # a precondition of the phase fails (checked on
-                                      # every dispatch: before entering, and before reuse)
+                                      # every dispatch, before anything else: before the
+                                      # history, before entering, and before reuse)
     pinned_policy_sha: str | None
     current_policy_sha: str
     context_sha: str | None
@@ -218,10 +219,14 @@ Step = Enter | RunRound | Judge | Finish
 
 def decide(state: PhaseState, request: DispatchRequest, now: float) -> Step:
     """The next step of a phase, from durable state alone (no I/O, no event loop)."""
-    if state.history_problem is not None:
-        return Finish(ERROR, "unsupported_history", state.history_problem)
+    # The phase's preconditions first (the builder re-verifies the interpretation "before
+    # anything else"): a phase's own history is derived from what they check (the
+    # hypotheses' context from the interpretation's statements), so an edited
+    # interpretation must be named as such, not as the history it no longer derives.
     if state.precheck is not None:  # checked on every dispatch, before any reuse too
         return Finish(state.precheck.status, state.precheck.reason, state.precheck.message)
+    if state.history_problem is not None:
+        return Finish(ERROR, "unsupported_history", state.history_problem)
     if state.accepted:
         return Finish(COMPLETED, "completed", "the phase is complete; its accepted artifacts "
                                               "are reused")

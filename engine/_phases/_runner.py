@@ -16,12 +16,15 @@ import attrs
 from .._canonical import artifact_json, sha256_hex, utc_now_iso
 from .._gateway import (
     AuditRecord,
+    FailureClass,
     InvalidAnswer,
     Prompt,
     RoundOutcome,
     RoundStatus,
+    extract_content,
     parse_contracted_json,
 )
+from .._gateway._wire import EnvelopeError
 from .._store import BytesSource, CaseStatus, Change, iso_utc
 from ._history import history_problems, pointer_problems
 from ._prompts import PromptText, load_prompt
@@ -149,9 +152,12 @@ def round_change(spec: PhaseSpec, view: PackageView, step: RunRound, outcome: Ro
             retry = {"max_rounds": max_rounds, "unavailable_rounds": unavailable,
                      "blocked": True}
     answer = None
-    if outcome.content is not None:
-        raw = outcome.content.encode("utf-8")
-        answer = {"content": outcome.content, "sha256": sha256_hex(raw), "bytes": len(raw)}
+    content = outcome.content
+    if content is None and outcome.status is RoundStatus.INVALID_ANSWER:
+        content = invalid_content(outcome)
+    if content is not None:
+        raw = content.encode("utf-8")
+        answer = {"content": content, "sha256": sha256_hex(raw), "bytes": len(raw)}
     doc = {"format": "viano-round/1", "phase": spec.phase, "analysis_revision": rev,
            "series": step.series, "round": step.round, "attempt_id": step.attempt_id,
            "attempt_hash": step.attempt_hash, "calls_started": step.calls_started,
@@ -167,6 +173,28 @@ def round_change(spec: PhaseSpec, view: PackageView, step: RunRound, outcome: Ro
                     for a in outcome.attempts)
     return _round_result(spec, change, outcome.status, step, max_rounds, unavailable, due,
                          why)
+
+
+def invalid_content(outcome: RoundOutcome) -> str | None:
+    """What came back in a round the gateway classed invalid (prose around the JSON, two
+    objects, a list, ...), so that the round record keeps it for people (``viano cat``)
+    and the rejection can name it by hash: the gateway's answer content when it gives one,
+    else the content read out of the last attempt's audit record — already secret-masked,
+    and only when the record holds the whole response (not cut at the audit limit, not
+    over max_output_bytes, an envelope that carries content). ``None`` otherwise: the
+    audit record's response body is then all there is."""
+    if outcome.content is not None:
+        return outcome.content
+    record = outcome.attempts[-1] if outcome.attempts else None
+    if record is None or record.failure is not FailureClass.INVALID_ANSWER or \
+            record.response_truncated:
+        return None
+    if record.kind == "fixture":
+        return record.response_body
+    try:
+        return extract_content(record.kind, record.response_body.encode("utf-8"))
+    except EnvelopeError:
+        return None
 
 
 def _round_result(spec: PhaseSpec, change: Change, kind: RoundStatus, step: RunRound,

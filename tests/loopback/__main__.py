@@ -5,8 +5,8 @@
 
 ``--answers DIR`` answers a request for prompt P with the content of ``DIR/P.json``;
 ``--script`` takes the modes of the first requests in order (then ``--mode``); ``--log``
-appends one JSON line per request (mode, prompt id, case id, path), flushed at once, so a
-test can count the model calls made by processes it kills. Prints ``listening <port>``
+appends one JSON line per request (mode, prompt id, case id, path, arrival time), flushed
+at once, so a test can count the model calls made by processes it kills. Prints ``listening <port>``
 once ready, then serves until interrupted.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import time
 from pathlib import Path
 
 import trio
@@ -45,7 +46,8 @@ def main() -> None:
 
         def record(r: Received) -> None:
             log.write(json.dumps({"mode": r.mode, "prompt_id": r.prompt_id,
-                                  "case_id": r.case_id, "path": r.path}) + "\n")
+                                  "case_id": r.case_id, "path": r.path,
+                                  "t": time.time()}) + "\n")
 
         server.on_request = record
 

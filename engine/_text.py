@@ -56,6 +56,12 @@ def _md_line(line: str, *, starts_line: bool) -> str:
                               line)
 
 
+def markdown_line(text: str) -> str:
+    """``text`` (already one line) with markup characters escaped and bare URLs broken,
+    exactly as given otherwise (no whitespace folded): a piece of a line."""
+    return _md_line(text, starts_line=False)
+
+
 def markdown_inline(text: str) -> str:
     """One line of model text as inert Markdown, for use after a prefix on a line (a list
     marker, a label): every markup character backslash-escaped, line breaks and control

@@ -3,11 +3,15 @@ a refusal writes nothing and stops nothing; killed and run again, nothing is tak
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from engine import IntakeLimits
 from tests.conftest import child_env, run_viano
 
 REPORTS = Path(__file__).parent / "fixtures" / "reports"
@@ -128,3 +132,95 @@ def test_bulk_usage_errors(tmp_path: Path) -> None:
     assert not (tmp_path / "s").exists()
     r = run_viano("intake", "--store", tmp_path / "s", "--batch", folder)
     assert r.returncode == 0 and "taken in 1, already present 0, refused 0" in r.stdout
+
+
+def test_links_and_special_files_are_left_out_and_listed(tmp_path: Path) -> None:
+    import os
+
+    folder = _folder(tmp_path, 2)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("Secret\nnot a report of this folder\n")
+    (folder / "link.txt").symlink_to(secret)  # a link could name any file at all
+    (folder / "dangling.txt").symlink_to(tmp_path / "nowhere")
+    os.mkfifo(folder / "pipe.txt")
+    (folder / "sub").mkdir()
+    code, doc = _bulk(tmp_path / "s", folder)
+    assert code == 0 and doc["taken_in"] == 2 and doc["reports"] == 2, doc
+    assert sorted((e["entry"].rsplit("/", 1)[1], e["why"]) for e in doc["skipped"]) == [
+        ("dangling.txt", "symbolic_link"), ("link.txt", "symbolic_link"),
+        ("pipe.txt", "not_a_regular_file"), ("sub", "folder")]
+    assert sorted(c["case_id"] for c in _cases(tmp_path / "s")) == ["BULK-000", "BULK-001"]
+
+
+def test_a_file_given_to_batch_must_be_json_lines_and_lines_must_be_json(
+        tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text('garbage "title": "x"\n[1, 2]\n')
+    r = run_viano("intake", "--json", "--store", tmp_path / "s", "--batch", notes)
+    assert r.returncode == 2 and json.loads(r.stdout)["error"]["reason"] == "usage_error"
+    lines = tmp_path / "r.jsonl"
+    lines.write_text('garbage "title": "x"\n' + json.dumps(_report(1)) + "\n")
+    code, doc = _bulk(tmp_path / "s", lines)
+    assert code == 2 and doc["taken_in"] == 1
+    assert [r["reason"] for r in doc["refused"]] == ["invalid_report"]
+
+
+def test_the_count_of_reports_is_what_is_taken_or_refused(tmp_path: Path) -> None:
+    big = json.dumps(_report(9) | {"body": "x" * (3 << 20)})  # one line of 3 MiB
+    lines = tmp_path / "r.jsonl"
+    lines.write_text("\n\n" + json.dumps(_report(1)) + "\n  \n" + big + "\n" +
+                     json.dumps(_report(2)) + "\n\n")
+    code, doc = _bulk(tmp_path / "s", lines)
+    assert code == 0, doc
+    assert doc["reports"] == 3 == doc["taken_in"] + len(doc["refused"])
+
+
+def test_a_report_that_breaks_a_reader_refuses_that_report_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug met on one report (here: a reader that raises) is that report's refusal,
+    with reason internal_error; the batch goes on."""
+    from viano_bug_analysis.cli import _intake_commands as bulk
+
+    real = bulk.prepare_intake
+
+    def flaky(path: Path, *a: Any, **kw: Any) -> Any:
+        if path.name == "r001.json":
+            raise RuntimeError("a reader bug")
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(bulk, "prepare_intake", flaky)
+    seen: list[tuple[str, dict[str, Any]]] = []
+    items = [bulk._Item(str(p), p) for p in sorted(_folder(tmp_path, 3).iterdir())]
+    plans = [bulk._prepare(item, IntakeLimits(), None, lambda k, e: seen.append((k, e)))
+             for item in items]
+    assert [p is not None for p in plans] == [True, False, True]
+    assert [(k, e["reason"]) for k, e in seen] == [("refused", "internal_error")]
+
+
+def test_ctrl_c_reports_exactly_what_the_store_holds(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+
+    from tests.conftest import PYTHON
+
+    folder = _folder(tmp_path, 2500)
+    store = tmp_path / "s"
+    proc = subprocess.Popen([PYTHON, "-c", "from viano_bug_analysis.cli import run; run()",
+                             "intake", "--json", "--store", str(store), "--batch",
+                             str(folder)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=child_env())
+    db = store / "store.sqlite3"
+    for _ in range(2000):  # until the first commit has made the store
+        if db.exists() or proc.poll() is not None:
+            break
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.01)
+    proc.send_signal(signal.SIGINT)
+    out, _err = proc.communicate(timeout=120)
+    doc = json.loads(out)
+    assert proc.returncode == (130 if doc["interrupted"] else 0), (proc.returncode, doc)
+    held = len(_cases(store))
+    assert doc["taken_in"] == held  # nothing committed goes unreported
+    code, again = _bulk(store, folder)
+    assert code == 0 and again["already_present"] == held
+    assert again["taken_in"] == 2500 - held

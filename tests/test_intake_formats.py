@@ -6,6 +6,7 @@ the native format also refused here (nothing written)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -205,7 +206,8 @@ def test_case_ids_from_issue_identity() -> None:
     assert valid_id("acme_rocket", "_42") == "acme_rocket_42"
     long = valid_id("o" * 50 + "_" + "r" * 50, "_123456")
     assert long.endswith("_123456") and len(long) == 64
-    assert valid_id("-weird/owner name_repo", "_1") == "weird-owner-name_repo_1"
+    cleaned = valid_id("-weird/owner name_repo", "_1")  # cleaned: so the identity's hash
+    assert re.fullmatch(r"weird-owner-name_repo-[0-9a-f]{8}_1", cleaned)
     assert valid_id("PAY-314") == "PAY-314"
 
 
@@ -281,3 +283,123 @@ def test_a_catalogue_that_no_longer_matches_its_original_is_a_history_problem() 
     assert hashlib.sha256(again.text.encode()).hexdigest() != first["sha256"]
     assert hashlib.sha256(parse_report(raw, "x", "jira").texts[0].text.encode()
                           ).hexdigest() == first["sha256"]
+
+
+def _refused(tmp_path: Path, doc: Any, *extra: str) -> dict[str, Any]:
+    report = tmp_path / "hostile.json"
+    report.write_text(json.dumps(doc) if not isinstance(doc, str) else doc)
+    r = run_viano("intake", "--json", "--store", tmp_path / "s", "--report", report, *extra)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert not (tmp_path / "s").exists()
+    return dict(json.loads(r.stdout)["error"])
+
+
+def _jira_with(description: Any) -> dict[str, Any]:
+    return {"key": "X-1", "fields": {"summary": "s", "description": description}}
+
+
+@pytest.mark.parametrize(("label", "adf"), [
+    ("marks not a list", {"type": "doc", "content": [
+        {"type": "paragraph", "content": [{"type": "text", "text": "a", "marks": 5}]}]}),
+    ("content an object", {"type": "doc", "content": [
+        {"type": "paragraph", "content": {"type": "text", "text": "lost"}}]}),
+    ("text not a string", {"type": "doc", "content": [
+        {"type": "paragraph", "content": [{"type": "text", "text": 7}]}]}),
+    ("attrs not an object", {"type": "doc", "content": [
+        {"type": "heading", "attrs": [1], "content": []}]}),
+    ("a node without a type", {"type": "doc", "content": [{"content": []}]}),
+])
+def test_malformed_adf_is_refused_not_half_converted(tmp_path: Path, label: str,
+                                                     adf: dict[str, Any]) -> None:
+    error = _refused(tmp_path, _jira_with(adf))
+    assert error["reason"] == "invalid_report", (label, error)
+    assert "Atlassian Document Format" in error["message"], (label, error)
+
+
+def test_hostile_numbers_in_adf_and_urls_are_no_crash(tmp_path: Path) -> None:
+    """Values a reader turns into numbers (a heading level, a list start, an issue number
+    in a URL) are bounded: a superscript digit or 5,000 digits is no crash."""
+    adf = {"type": "doc", "content": [
+        {"type": "heading", "attrs": {"level": "²"}, "content": [{"type": "text",
+                                                                   "text": "H"}]},
+        {"type": "heading", "attrs": {"level": "9" * 5000}, "content": []},
+        {"type": "orderedList", "attrs": {"order": 10**30}, "content": [
+            {"type": "listItem", "content": [{"type": "paragraph", "content": [
+                {"type": "text", "text": "item"}]}]}]}]}
+    doc = _intake(tmp_path / "a", _write(tmp_path, "j.json", _jira_with(adf)))
+    assert doc["case_id"] == "X-1"
+    gh = {"title": "t", "author": {"login": "a"},
+          "url": "https://github.com/a/b/issues/" + "9" * 5000}
+    doc = _intake(tmp_path / "b", _write(tmp_path, "g.json", gh))
+    assert doc["case_id"].startswith("case-")  # no issue identity in that URL
+
+
+def _write(tmp_path: Path, name: str, doc: Any) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(doc, ensure_ascii=False))
+    return path
+
+
+def test_adf_keeps_cards_captions_placeholders_and_escapes_table_cells() -> None:
+    doc = {"type": "doc", "content": [
+        {"type": "blockCard", "attrs": {"url": "https://x.example/card"}},
+        {"type": "mediaSingle", "content": [
+            {"type": "media", "attrs": {"alt": "shot.png"}},
+            {"type": "caption", "content": [{"type": "text", "text": "the crash dialog"}]}]},
+        {"type": "paragraph", "content": [{"type": "placeholder", "attrs": {"text": "fill"}},
+                                          {"type": "text", "text": " done"}]},
+        {"type": "table", "content": [{"type": "tableRow", "content": [
+            {"type": "tableCell", "content": [{"type": "paragraph", "content": [
+                {"type": "text", "text": "a|b"}]}]},
+            {"type": "tableCell", "content": [{"type": "codeBlock", "content": [
+                {"type": "text", "text": "x\ny"}]}]}]}]}]}
+    assert adf_text(doc) == ("https://x.example/card\n\n[media: shot.png] the crash dialog"
+                             "\n\nfill done\n\n| a\\|b | ``` ⏎ x ⏎ y ⏎ ``` |")
+
+
+def test_issue_ids_never_collide_because_names_were_cut_or_cleaned() -> None:
+    def gh_id(url: str) -> str | None:
+        return parse_report(json.dumps({"title": "t", "url": url}).encode(), "x.json",
+                            "github").identity
+
+    a = gh_id("https://ghe.example/acme/web_app/issues/1")
+    b = gh_id("https://ghe.example/acme_web/app/issues/1")
+    assert a == "acme_web_app_1" and b is not None and b != a and b.endswith("_1")
+    long_a = gh_id(f"https://github.com/org/{'x' * 70}-alpha/issues/2")
+    long_b = gh_id(f"https://github.com/org/{'x' * 70}-beta/issues/2")
+    assert long_a != long_b and long_a and long_b and long_a.endswith("_2")
+    assert len(long_a) == 64
+    assert gh_id("https://github.com/a/b/issues/\u0663") is None  # not an ASCII number
+
+    def jira_id(key: str) -> str | None:
+        return parse_report(json.dumps({"key": key, "fields": {"summary": "s"}}).encode(),
+                            "x.json", "jira").identity
+
+    assert jira_id("PAY-314") == "PAY-314"
+    one, two = jira_id("P" * 70 + "-1"), jira_id("P" * 70 + "-2")
+    assert one != two and one and two and one.endswith("-1") and two.endswith("-2")
+
+
+def test_credentials_in_issue_urls_are_not_recorded(tmp_path: Path) -> None:
+    gh = {"title": "t", "author": {"login": "a"},
+          "url": "https://bob:ghp_SECRET@github.com/acme/rocket/issues/9"}
+    doc = _intake(tmp_path / "s", _write(tmp_path, "g.json", gh))
+    intake = run_viano("cat", "--store", tmp_path / "s", doc["case_id"], "case/intake.json")
+    assert "ghp_SECRET" not in intake.stdout
+    assert json.loads(intake.stdout)["issue"]["url"] == \
+        "https://github.com/acme/rocket/issues/9"
+
+
+def test_the_model_sees_what_a_jira_attachment_is(tmp_path: Path) -> None:
+    doc = _intake(tmp_path / "s", REPORTS / "jira_v2.json")
+    catalogue = _context(tmp_path / "s", doc["case_id"])["untrusted_case_data"]["catalogue"]
+    assert catalogue[4]["name"] == "refund.log" and catalogue[4]["supplied"] is False
+    assert "name" not in catalogue[0]  # added only where a catalogue has it
+
+
+def test_a_title_cannot_print_lines_of_its_own(tmp_path: Path) -> None:
+    report = _write(tmp_path, "r.json", {"title": "t\ncase ADMIN-1: spoofed", "body": "b"})
+    r = run_viano("intake", "--store", tmp_path / "s", "--report", report)
+    assert r.returncode == 0
+    assert not any(line.startswith("case ADMIN-1") for line in r.stdout.splitlines())
+    assert "t\\x0acase ADMIN-1: spoofed" in r.stdout

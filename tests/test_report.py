@@ -29,11 +29,19 @@ HOSTILE = [
     "**bold** _em_ ~~strike~~ `code` <https://evil.example> &amp; &#x3C;",
     "[ref]: https://evil.example\n[ref]",
     "\x1b[31mred\x1b[0m \u202eevil\u202c",
+    "1. numbered at the start",
+    "- a nested list",
+    "see GH-42, commit deadbeefcafe1234 and 1a2b3c4",
+    "!image.png! {panel}x{panel} h1. head -strike- +under+ ^sup^ [text|http://x] ??cite??",
+    "h1. a Jira heading",
 ]
 
 
 def _html(md: str) -> str:
     return cmarkgfm.github_flavored_markdown_to_html(md, options=Options.CMARK_OPT_UNSAFE)
+
+
+_CODE = re.compile(r"<code>(.*?)</code>")
 
 
 def _assert_inert(md: str) -> None:
@@ -42,16 +50,27 @@ def _assert_inert(md: str) -> None:
     tags = set(re.findall(r"<(/?[a-z0-9]+)", html))
     assert tags <= {"p", "/p", "ul", "/ul", "li", "/li", "h2", "/h2", "h3", "/h3", "h4",
                     "/h4", "hr", "table", "/table", "thead", "/thead", "tbody", "/tbody",
-                    "tr", "/tr", "th", "/th", "td", "/td"}, tags
-    text = re.sub(r"<[^>]+>", "", html)
+                    "tr", "/tr", "th", "/th", "td", "/td", "code", "/code"}, tags
+    # Only what GitHub would link by itself is made code, and nothing else.
+    assert all(re.fullmatch(r"(?i)gh-[0-9]+|[0-9a-f-]{7,64}", c) for c in _CODE.findall(html))
+    text = re.sub(r"<[^>]+>", "", _CODE.sub("", html))
     assert re.search(r"@[A-Za-z0-9]", text) is None, text  # no mention
     assert re.search(r"#\d", text) is None, text  # no issue reference
+    assert re.search(r"(?i)\bgh-\d|\b[0-9a-f]{7,40}\b", text) is None, text  # no auto-link
     assert "\x1b" not in md and "\u202e" not in md
+    # Jira wiki markup: every markup character is escaped (outside code spans).
+    source = re.sub(r"`[^`]*`", "", md)
+    assert re.search(r"(?<!\\)[!{}^+]", source) is None, source
+    assert re.search(r"(?im)^\s*(?:[-*]\s+)?h[1-6]\.", source) is None, source
 
 
 @pytest.mark.parametrize("text", HOSTILE)
 def test_one_hostile_text_is_inert(text: str) -> None:
+    item = _html(f"- {md_text(text)}")
+    assert item.count("<ul>") == 1 and item.count("<li>") == 1 and "<ol" not in item, item
     _assert_inert(f"- {md_text(text)}")
+    paragraph = _html(md_text(text))
+    assert paragraph.startswith("<p>") and paragraph.count("<p>") == 1, paragraph
     _assert_inert(md_text(text))
 
 
@@ -67,12 +86,13 @@ def test_a_whole_report_of_hostile_text_is_inert() -> None:
                                            "source_ids": [bad]}]},
         "sources": [{"source_id": "S1", "kind": bad, "author": bad, "quote": bad}],
         "hypotheses": [hyp], "allocation": [{"id": bad, "initial": bad, "unit": bad}],
-        "trace": {"package_id": "p", "package_generation": 3, "interpretation_sha256": "a",
-                  "hypotheses_sha256": "b", "registry_sha256": "c"}}
+        "trace": {"package_id": "0b6c2f9e-1d2a-4c3b-9e8f-7a6b5c4d3e2f",
+                  "package_generation": 3, "interpretation_sha256": "a" * 64,
+                  "hypotheses_sha256": "b" * 64, "registry_sha256": "c" * 64}}
     md = report_markdown(doc)
     _assert_inert(md)
     # The text is still all there for a person to read.
-    assert "octocat" in md and "onerror=alert" in md and "strike" in md
+    assert "octocat" in md and "onerror" in md and "strike" in md and "deadbeefcafe1234" in md
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +122,8 @@ def test_the_report_of_a_completed_case(completed_store: Path) -> None:
     assert "| H1 | 100 | investigation\\_units |" in md
     assert "- S1 (report, mira.tanaka): “Since updating QuestLedger" in md
     footer = md.strip().splitlines()[-1]
-    assert show["package_id"] in footer and f"generation {show['package_generation']}" in footer
+    assert f"`{show['package_id']}`" in footer
+    assert f"generation {show['package_generation']}" in footer
     assert show["files"][hyp_path]["sha256"] in footer
     assert show["files"][show["pointers"]["interpretation"]]["sha256"] in footer
 

@@ -1,5 +1,10 @@
 """Atlassian Document Format (Jira REST v3 text) to plain text, deterministically.
 
+A document must be well-formed (:func:`adf_problem`): every node an object with a string
+``type``; ``content`` a list of nodes, ``text`` a string, ``attrs`` an object and
+``marks`` a list of objects wherever they appear. Anything else is refused by the caller,
+never half-converted.
+
 The same document always gives the same text (the catalogue hashes it, and the phases
 convert the stored original again to check it). Content is never dropped: paragraphs are
 separated by a blank line, headings keep ``#`` markers, lists keep ``-`` or ``1.``
@@ -19,8 +24,29 @@ _BLOCK_SEP = "\n\n"
 
 
 def is_adf(value: Any) -> bool:
-    return isinstance(value, dict) and value.get("type") == "doc" and isinstance(
-        value.get("content", []), list)
+    return isinstance(value, dict) and value.get("type") == "doc"
+
+
+def adf_problem(doc: Any) -> str | None:
+    """Why ``doc`` is not a well-formed ADF document (the first problem, with its JSON
+    path), or ``None``."""
+    stack: list[tuple[Any, str]] = [(doc, "")]
+    while stack:
+        node, where = stack.pop()
+        if not isinstance(node, dict) or not isinstance(node.get("type"), str):
+            return f"{where or '(document)'}: a node must be an object with a string type"
+        content = node.get("content", [])
+        if not isinstance(content, list):
+            return f"{where}.content: must be a list of nodes"
+        if "text" in node and not isinstance(node["text"], str):
+            return f"{where}.text: must be a string"
+        if "attrs" in node and not isinstance(node["attrs"], dict):
+            return f"{where}.attrs: must be an object"
+        marks = node.get("marks", [])
+        if not isinstance(marks, list) or not all(isinstance(m, dict) for m in marks):
+            return f"{where}.marks: must be a list of objects"
+        stack.extend((child, f"{where}.content.{i}") for i, child in enumerate(content))
+    return None
 
 
 def adf_text(doc: Any) -> str:
@@ -35,8 +61,19 @@ def _children(node: Any) -> list[Any]:
 def _attr(node: dict[str, Any], key: str) -> str | None:
     attrs = node.get("attrs")
     value = attrs.get(key) if isinstance(attrs, dict) else None
-    return value if isinstance(value, str) else (str(value) if isinstance(value, int)
-                                                 and not isinstance(value, bool) else None)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 10**18:
+        return str(value)
+    return None
+
+
+def _small_int(text: str | None, default: int, lo: int, hi: int) -> int:
+    """An ASCII-digit attribute within [lo, hi], else ``default`` (never int() on
+    something hostile: a 5,000-digit number, a superscript digit)."""
+    if text is None or not (text.isascii() and text.isdigit()) or len(text) > 9:
+        return default
+    return min(hi, max(lo, int(text)))
 
 
 def _blocks(nodes: list[Any], indent: str) -> str:
@@ -49,8 +86,7 @@ def _block(node: dict[str, Any], indent: str) -> str:
     if kind == "paragraph":
         return _prefix(_inline(_children(node)), indent)
     if kind == "heading":
-        level = _attr(node, "level") or "1"
-        hashes = "#" * min(6, max(1, int(level))) if level.isdigit() else "#"
+        hashes = "#" * _small_int(_attr(node, "level"), 1, 1, 6)
         return _prefix(f"{hashes} {_inline(_children(node))}", indent)
     if kind == "codeBlock":
         code = "".join(str(c.get("text", "")) for c in _children(node)
@@ -68,7 +104,11 @@ def _block(node: dict[str, Any], indent: str) -> str:
     if kind == "table":
         return "\n".join(_prefix(_row(r), indent) for r in _children(node))
     if kind in ("mediaSingle", "mediaGroup", "media", "mediaInline"):
-        return _prefix(_media(node), indent)
+        caption = " ".join(_inline(_children(c)) for c in _children(node)
+                           if c.get("type") == "caption")
+        return _prefix(" ".join(x for x in (_media(node), caption) if x), indent)
+    if kind in ("blockCard", "embedCard"):
+        return _prefix(_attr(node, "url") or "", indent)
     if kind in ("text", "hardBreak", "mention", "emoji", "inlineCard", "date", "status"):
         return _prefix(_inline([node]), indent)
     # panel, expand, nestedExpand, layoutSection, and whatever comes next: the content.
@@ -81,8 +121,7 @@ def _block(node: dict[str, Any], indent: str) -> str:
 
 def _list(node: dict[str, Any], indent: str) -> str:
     ordered = node.get("type") == "orderedList"
-    start = _attr(node, "order")
-    number = int(start) if start and start.isdigit() else 1
+    number = _small_int(_attr(node, "order"), 1, 0, 10**9)
     lines = []
     for item in _children(node):
         marker = f"{number}. " if ordered else "- "
@@ -101,7 +140,10 @@ def _list(node: dict[str, Any], indent: str) -> str:
 
 
 def _row(row: dict[str, Any]) -> str:
-    cells = [_blocks(_children(c), "").replace("\n", " ") for c in _children(row)]
+    """A table row on one line: a ``|`` inside a cell is written ``\\|``, a line break
+    inside one (a code block, a list) `` ⏎ ``."""
+    cells = [_blocks(_children(c), "").replace("|", "\\|").replace("\n", " ⏎ ")
+             for c in _children(row)]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -117,7 +159,8 @@ def _inline(nodes: list[Any]) -> str:
         kind = n.get("type")
         if kind == "text":
             text = str(n.get("text", ""))
-            href = next((m.get("attrs", {}).get("href") for m in n.get("marks") or []
+            marks = n.get("marks") if isinstance(n.get("marks"), list) else []
+            href = next((m["attrs"].get("href") for m in marks
                          if isinstance(m, dict) and m.get("type") == "link"
                          and isinstance(m.get("attrs"), dict)), None)
             out.append(f"{text} ({href})" if isinstance(href, str) and href != text
@@ -137,6 +180,8 @@ def _inline(nodes: list[Any]) -> str:
             out.append(f"[{_attr(n, 'text') or ''}]")
         elif kind in ("media", "mediaInline"):
             out.append(_media(n))
+        elif kind in ("placeholder", "inlineExtension"):
+            out.append(_attr(n, "text") or _attr(n, "extensionKey") or "")
         else:
             out.append(str(n.get("text", "")) if isinstance(n.get("text"), str) else "")
             out.append(_inline(_children(n)))

@@ -20,6 +20,7 @@ or starting with ``app/``.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -93,8 +94,10 @@ def is_bot(user: _User | None) -> bool:
             or login.startswith("app/"))
 
 
-_WEB = re.compile(r"https?://[^/\s]+/([^/\s]+)/([^/\s]+)/(?:issues|pull)/(\d+)(?:[/?#]|$)")
+_WEB = re.compile(r"https?://[^/\s]+/([^/\s]+)/([^/\s]+)/(?:issues|pull)/([0-9]{1,18})"
+                  r"(?:[/?#]|$)")
 _API = re.compile(r"https?://[^/\s]+/repos/([^/\s]+)/([^/\s]+?)/?$")
+_USERINFO = re.compile(r"^(https?://)[^/@\s]*@")
 
 
 def _identity(web_url: str | None, repository_url: str | None, number: int | None
@@ -104,23 +107,39 @@ def _identity(web_url: str | None, repository_url: str | None, number: int | Non
         owner, repo, number = m.group(1), m.group(2), int(m.group(3))
     elif repository_url and (m := _API.match(repository_url)):
         owner, repo = m.group(1), m.group(2)
-    issue: dict[str, Any] = {"number": number, "url": web_url}
+    issue: dict[str, Any] = {"number": number, "url": public_url(web_url)}
     if owner is None or repo is None or number is None:
         return None, issue
     issue["repository"] = f"{owner}/{repo}"
-    return valid_id(f"{owner}_{repo}", f"_{number}"), issue
+    # GitHub owners have no "_", so owner_repo_N names one issue; an owner that has one
+    # (another host) gets the identity's hash, so acme/web_app and acme_web/app differ.
+    return valid_id(f"{owner}_{repo}", f"_{number}",
+                    identity=f"{owner}/{repo}#{number}", exact="_" not in owner), issue
+
+
+def public_url(url: str | None) -> str | None:
+    """``url`` without user information (``https://user:token@host/…``): a credential
+    pasted into an issue's URL is not copied into the case's records."""
+    return _USERINFO.sub(r"\1", url) if url else url
 
 
 _INVALID = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-def valid_id(stem: str, suffix: str = "") -> str:
+def valid_id(stem: str, suffix: str = "", *, identity: str | None = None,
+             exact: bool = True) -> str:
     """``stem + suffix`` made a valid case id: other characters become ``-``, it starts
     with a letter or digit, and a stem too long is cut so that the suffix (the number,
-    which tells issues apart) survives."""
-    stem = _INVALID.sub("-", stem).lstrip("._-") or "issue"
+    which tells issues apart) survives. Whenever that changed anything (or ``exact`` is
+    false), 8 hex of the sha256 of ``identity`` (the issue's full identity) go before the
+    suffix, so two issues never share an id because their names were cut or cleaned."""
+    clean = _INVALID.sub("-", stem).lstrip("._-") or "issue"
     suffix = _INVALID.sub("-", suffix)
-    return stem[: 64 - len(suffix)].rstrip("._-") + suffix if suffix else stem[:64]
+    changed = not exact or clean != stem or len(clean) + len(suffix) > 64
+    if not changed:
+        return clean + suffix
+    tag = "-" + hashlib.sha256((identity or stem + suffix).encode("utf-8")).hexdigest()[:8]
+    return clean[: 64 - len(tag) - len(suffix)].rstrip("._-") + tag + suffix
 
 
 def _texts(title: str, body: str | None, base: str, author: _User | None,

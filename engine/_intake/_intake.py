@@ -72,12 +72,13 @@ def prepare_intake(report_path: Path, attachments: Sequence[Attachment], *,
                    progress: Callable[[int], None] | None = None,
                    report_format: str | None = None,
                    report_bytes: bytes | None = None, report_name: str | None = None,
-                   ) -> IntakePlan:
+                   json_only: bool = False) -> IntakePlan:
     """Everything a case's first generation holds, read and checked; nothing written.
 
     ``report_format`` is one of :data:`FORMATS` (``None``: detected from the content).
     ``report_bytes`` (with ``report_name``) gives the report's bytes instead of reading
-    ``report_path`` (a line of a JSON Lines file); ``report_path`` then only labels it."""
+    ``report_path`` (a line of a JSON Lines file, ``json_only``); ``report_path`` then only
+    labels it."""
     files: dict[str, BlobSource] = {}
     names: list[str] = []
 
@@ -108,7 +109,7 @@ def prepare_intake(report_path: Path, attachments: Sequence[Attachment], *,
                             f"{limits.max_report_bytes}", reason="limit_exceeded")
     else:
         raw = report_bytes
-    report = parse_report(raw, _shown(report_path), report_format)
+    report = parse_report(raw, _shown(report_path), report_format, json_only=json_only)
     chosen, chosen_from = _choose_case_id(case_id, report, raw)
     files[stored_name] = BytesSource.of(raw)
 
@@ -172,10 +173,11 @@ def _catalogue_referenced(cat: CatalogueBuilder, report: Report, name: str,
     """Attachments the report lists (Jira): each recorded, after the supplied inputs, as
     supplied (naming the input of the same file name) or as referenced, not supplied."""
     for ref in report.referenced:
+        base = ref.name.replace("\\", "/").rsplit("/", 1)[-1]
         size = ref.size if ref.size is not None and 0 <= ref.size <= 2**62 else None
         extra: dict[str, Any] = {"name": ref.name}
-        if ref.name in supplied:
-            extra |= {"supplied": True, "supplied_as": supplied[ref.name]}
+        if base in supplied:
+            extra |= {"supplied": True, "supplied_as": supplied[base]}
         else:
             extra |= {"supplied": False}
         media = ref.media_type if ref.media_type and _MEDIA.fullmatch(ref.media_type) \

@@ -20,8 +20,8 @@ import attrs
 from .._errors import ReportRejected
 from .._strict import LENIENT
 from .._text import is_blank
-from ._adf import adf_text, is_adf
-from ._github import valid_id
+from ._adf import adf_problem, adf_text, is_adf
+from ._github import public_url, valid_id
 from ._report import Referenced, Report, TextSource, structure
 
 ADF_CONVERSION = "adf-text/1"
@@ -76,6 +76,10 @@ def _text(value: Any, where: str, label: str) -> tuple[str | None, str | None]:
     if isinstance(value, str):
         return value, None
     if is_adf(value):
+        problem = adf_problem(value)
+        if problem is not None:
+            raise ReportRejected(f"{label}: {where}: not a well-formed Atlassian Document "
+                                 f"Format document ({problem})")
         return adf_text(value), ADF_CONVERSION
     raise ReportRejected(f"{label}: {where}: expected a string or an Atlassian Document "
                          f"Format document, got {type(value).__name__}")
@@ -87,6 +91,14 @@ def _who(person: _Person | None) -> str | None:
 
 def _human(person: _Person | None) -> bool:
     return not (person is not None and person.accountType == "app")
+
+
+def _key_id(key: str) -> str:
+    """PROJ-123 as it is; a key that needs cleaning or cutting keeps its number."""
+    project, sep, number = key.rpartition("-")
+    if sep and number.isascii() and number.isdigit():
+        return valid_id(project, f"-{number}", identity=key)
+    return valid_id(key, identity=key)
 
 
 def parse_jira(data: Any, label: str) -> Report:
@@ -112,8 +124,8 @@ def parse_jira(data: Any, label: str) -> Report:
     referenced = tuple(Referenced(f"/fields/attachment/{i}", a.filename, a.size, a.mimeType)
                        for i, a in enumerate(f.attachment))
     key = issue.key if issue.key and not is_blank(issue.key) else None
-    url = data.get("self") if isinstance(data.get("self"), str) else None
+    url = public_url(data.get("self")) if isinstance(data.get("self"), str) else None
     return Report(format="jira", title=f.summary, texts=tuple(texts),
-                  identity=valid_id(key) if key else None,
+                  identity=_key_id(key) if key else None,
                   issue={"format": "jira", "key": key, "url": url},
                   referenced=referenced)

@@ -53,8 +53,14 @@ def read_case(view: PackageView) -> CaseRecord:
 def catalogue_for_prompt(case: CaseRecord) -> list[dict[str, Any]]:
     """The canonical catalogue as the model sees it (hashes left out: they are noise to a
     model and are bound elsewhere)."""
-    return [{k: s.get(k) for k in ("source_id", "kind", "human", "origin", "size",
-                                    "media_type")} for s in case.sources]
+    return [{**{k: s.get(k) for k in ("source_id", "kind", "human", "origin", "size",
+                                       "media_type")},
+             **{k: s[k] for k in _MARKS if k in s}} for s in case.sources]
+
+
+# What some catalogues add (a Jira attachment's name and whether it was supplied, a hidden
+# comment), given to the model only where present, so other contexts stay as they were.
+_MARKS = ("name", "supplied", "supplied_as", "minimized")
 
 
 def human_texts(view: PackageView, case: CaseRecord) -> list[dict[str, Any]]:

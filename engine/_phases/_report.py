@@ -6,18 +6,22 @@ what is posted is what the package can stand behind; the footer names the packag
 generation and each artifact's hash, so a posted report can be traced back. Quotes of the
 cited sources come from the interpretation's own context (the text the model was given).
 
-Every text that a reporter or a model wrote is escaped for Markdown (:func:`md_text`):
-no link, image, HTML, heading, list, table or emphasis survives as markup, and ``@name``
-and ``#123`` get a word joiner after the sign, so that posting the report on GitHub or
-Jira mentions nobody and links no issue.
+Every text that a reporter or a model wrote is escaped (:func:`md_text`) so that, posted
+on GitHub or in Jira, no link, image, HTML, heading, list, table, emphasis or macro
+survives as markup and nobody is mentioned: GitHub Markdown's markup characters and
+Jira wiki markup's (``!image!``, ``{macro}``, ``-strike-``, ``+under+``, ``^sup^``) are
+backslash-escaped, a line-starting ``1.`` too; ``@name`` and ``#123`` get a word joiner
+after the sign; and what GitHub links by itself (``GH-123``, a commit id of 7 to 40 hex
+digits) is written as inline code, which it never links.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .._errors import NotFound, PhaseRefused
-from .._text import markdown_inline
+from .._text import markdown_line, terminal_safe
 from ._history import history_problems
 from ._view import PackageView
 
@@ -25,9 +29,25 @@ QUOTE_CHARS = 200
 _WJ = "\u2060"
 
 
+_JIRA = re.compile(r"([!{}^+=-])")  # Jira wiki markup, and what GitHub starts blocks with
+_LINE_START = re.compile(r"^(\d+|h[1-6]|bq)([.)])", re.IGNORECASE)  # 1. / 1) / h1. / bq.
+_LINKED = re.compile(r"(?i)\b(?:gh-[0-9]+|[0-9a-f]{7,40})\b")
+
+
+def _inert(segment: str) -> str:
+    out = _JIRA.sub(r"\\\1", markdown_line(segment))
+    return out.replace("\\@", f"\\@{_WJ}").replace("\\#", f"\\#{_WJ}")
+
+
 def md_text(text: str) -> str:
     """One line of untrusted text as inert Markdown for posting (see the module doc)."""
-    return markdown_inline(text).replace("\\@", f"\\@{_WJ}").replace("\\#", f"\\#{_WJ}")
+    flat = " ".join(terminal_safe(text, multiline=True).split())
+    parts, last = [], 0
+    for m in _LINKED.finditer(flat):  # GitHub links these in plain text: code spans
+        parts += [_inert(flat[last:m.start()]), f"`{m.group()}`"]
+        last = m.end()
+    parts.append(_inert(flat[last:]))
+    return _LINE_START.sub(r"\1\\\2", "".join(parts))
 
 
 def _quote(text: str) -> str:
@@ -164,11 +184,12 @@ def report_markdown(doc: dict[str, Any]) -> str:
     add("")
     add("---")
     add("")
+    # Ids and hashes as code: GitHub would link a hex run that names one of its commits.
     parts = [f"Viano report of case {md_text(doc['case_id'])}",
-             f"package {t['package_id']}", f"generation {t['package_generation']}",
-             f"interpretation sha256 {t['interpretation_sha256']}"]
+             f"package `{t['package_id']}`", f"generation {t['package_generation']}",
+             f"interpretation sha256 `{t['interpretation_sha256']}`"]
     if t.get("hypotheses_sha256"):
-        parts += [f"hypotheses sha256 {t['hypotheses_sha256']}",
-                  f"registry sha256 {t['registry_sha256']}"]
+        parts += [f"hypotheses sha256 `{t['hypotheses_sha256']}`",
+                  f"registry sha256 `{t['registry_sha256']}`"]
     add(" · ".join(parts))
     return "\n".join(out) + "\n"

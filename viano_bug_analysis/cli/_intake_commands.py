@@ -14,6 +14,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
+import os
+import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,12 +31,14 @@ from engine import (
     CaseExists,
     CaseLocked,
     Config,
+    InputRejected,
     IntakeLimits,
     IntakePlan,
     NotFound,
     Published,
     RejectedInput,
     UsageError,
+    VianoError,
     prepare_intake,
 )
 from engine._text import terminal_safe
@@ -42,6 +47,7 @@ from ._batch_commands import _stoppable
 from ._context import store_location
 from ._output import Output
 
+log = logging.getLogger("viano.intake")
 IN_FLIGHT = 64  # publications waiting on the publisher at once (its batch fills from these)
 LOCKED_TRIES = 50  # another process holds a case being taken in: wait up to ~5 s
 LOCKED_WAIT_S = 0.1
@@ -84,7 +90,7 @@ def _print_intake(out: Output, plan: IntakePlan, published: Published) -> None:
                       "phase": published.manifest.phase, "title": plan.title,
                       "catalogue": plan.catalogue})
         return
-    out.line(f"case {published.case_id}: {plan.title}")
+    out.line(f"case {published.case_id}: {terminal_safe(plan.title)}")  # one line, always
     out.line(f"package {published.package_id}, generation {published.generation}, "
              f"{len(sources)} sources")
     rows = [(s["source_id"], _kind(s), _origin(s["origin"]),
@@ -122,23 +128,58 @@ class _Item:
     raw: bytes | None = None  # a JSON Lines line; None: read the file at path
     name: str | None = None  # the input name to store it under (lines: report.json)
     refusal: RejectedInput | None = None  # known bad before it is read (a huge line)
+    json_only: bool = False  # a line of a JSON Lines file is JSON, never text
 
 
-def _items(path: Path, limits: IntakeLimits) -> tuple[int, Iterator[_Item]]:
-    """(how many, the reports) of a folder (its regular files, by name; dot-files left
-    out) or of a JSON Lines file (one report per non-blank line)."""
-    if path.is_dir():
-        files = sorted((p for p in path.iterdir() if not p.name.startswith(".")
-                        and p.is_file()), key=lambda p: p.name.encode("utf-8",
-                                                                      "surrogateescape"))
-        return len(files), (_Item(terminal_safe(str(p)), p) for p in files)
-    if not path.is_file():
-        raise UsageError(f"--batch {terminal_safe(str(path))}: no such folder or file",
-                         hint="Give a folder of report files or a JSON Lines file.")
+JSON_LINES = (".jsonl", ".ndjson", ".json")
+
+
+def _items(path: Path, limits: IntakeLimits) -> tuple[int, Iterator[_Item], list[dict[str, str]]]:
+    """(how many, the reports, what was left out and why) of a folder (its regular files
+    by name; dot-files, folders, symbolic links and special files are left out: a link
+    could name a file from anywhere) or of a JSON Lines file (one report per non-blank
+    line)."""
+    try:
+        if path.is_dir():
+            files: list[Path] = []
+            skipped: list[dict[str, str]] = []
+            for p in sorted(path.iterdir(), key=lambda p: os.fsencode(p.name)):
+                st = p.lstat()
+                why = ("hidden" if p.name.startswith(".") else "symbolic_link"
+                       if stat.S_ISLNK(st.st_mode) else "folder" if stat.S_ISDIR(st.st_mode)
+                       else None if stat.S_ISREG(st.st_mode) else "not_a_regular_file")
+                if why is None:
+                    files.append(p)
+                elif why != "hidden":
+                    skipped.append({"entry": terminal_safe(str(p)), "why": why})
+            return len(files), (_Item(terminal_safe(str(p)), p) for p in files), skipped
+        if not path.is_file():
+            raise UsageError(f"--batch {terminal_safe(str(path))}: no such folder or file",
+                             hint="Give a folder of report files or a JSON Lines file.")
+        if not path.name.lower().endswith(JSON_LINES):
+            raise UsageError(f"--batch {terminal_safe(str(path))}: a file given to --batch "
+                             "is read as JSON Lines, one report per line, and this one is "
+                             "not named so", hint="Name it FILE.jsonl (or give a folder of "
+                                                  "report files).")
+        return _count_lines(path), _lines(path, limits.max_report_bytes), []
+    except PermissionError as exc:
+        raise InputRejected(f"--batch {terminal_safe(str(path))}: cannot be read "
+                            f"({exc.strerror})", reason="unreadable_input",
+                            hint="Check that it is readable by you.") from exc
+
+
+def _count_lines(path: Path) -> int:
+    """Non-blank lines, in bounded memory (a line may be larger than the report limit)."""
+    count, content = 0, False
     with path.open("rb") as f:
-        total = sum(1 for line in iter(lambda: f.readline(1 << 20), b"")
-                    if line.endswith(b"\n") or line.strip())
-    return total, _lines(path, limits.max_report_bytes)
+        while chunk := f.read(1 << 20):
+            pieces = chunk.split(b"\n")
+            for piece in pieces[:-1]:  # each of these ends a line
+                if content or piece.strip():
+                    count += 1
+                content = False
+            content = content or bool(pieces[-1].strip())
+    return count + (1 if content else 0)
 
 
 def _lines(path: Path, limit: int) -> Iterator[_Item]:
@@ -153,13 +194,13 @@ def _lines(path: Path, limit: int) -> Iterator[_Item]:
             if len(line) > limit and not line.endswith(b"\n"):
                 while (rest := f.readline(1 << 20)) and not rest.endswith(b"\n"):
                     pass
-                yield _Item(label, path, refusal=RejectedInput(
+                yield _Item(label, path, refusal=InputRejected(
                     f"{label}: larger than max_report_bytes={limit}",
-                    reason="limit_exceeded"))
+                    reason="limit_exceeded"), json_only=True)
                 continue
             line = line.rstrip(b"\r\n")
             if line.strip():
-                yield _Item(label, path, raw=line, name="report.json")
+                yield _Item(label, path, raw=line, name="report.json", json_only=True)
 
 
 @attrs.define
@@ -177,7 +218,7 @@ Done = Callable[[str, dict[str, Any]], None]  # ("taken" | "present" | "refused"
 
 
 def _bulk(args: argparse.Namespace, out: Output, config: Config) -> int:
-    total, items = _items(Path(args.batch), config.intake.limits)
+    total, items, skipped = _items(Path(args.batch), config.intake.limits)
     tally = _Tally()
     started = time.perf_counter()
     with out.progress_with_text("reports", total) as (advance, set_text):
@@ -190,7 +231,8 @@ def _bulk(args: argparse.Namespace, out: Output, config: Config) -> int:
                                       config.intake.limits, args.format, done)
     summary = {"reports": total, "taken_in": len(tally.taken),
                "already_present": len(tally.present), "refused": tally.refused,
-               "interrupted": interrupted, "seconds": round(time.perf_counter() - started, 3),
+               "skipped": skipped, "interrupted": interrupted,
+               "seconds": round(time.perf_counter() - started, 3),
                "store": stats, "cases": tally.taken + tally.present}
     if out.as_json:
         out.document(summary)
@@ -201,6 +243,8 @@ def _bulk(args: argparse.Namespace, out: Output, config: Config) -> int:
                                   if interrupted else ""))
         for r in tally.refused:
             out.line(f"  refused {r['report']}: [{r['reason']}] {r['message']}")
+        for e in skipped:
+            out.line(f"  left out {e['entry']}: {e['why'].replace('_', ' ')}")
     if interrupted:
         raise KeyboardInterrupt
     return 2 if tally.refused else 0
@@ -208,17 +252,20 @@ def _bulk(args: argparse.Namespace, out: Output, config: Config) -> int:
 
 async def _bulk_run(location: str, items: Iterator[_Item], limits: IntakeLimits,
                     fmt: str | None, done: Done) -> tuple[dict[str, Any], bool]:
-    async with _stoppable() as (stop, work), open_store(location) as store:
-        with work:
-            slots = trio.Semaphore(IN_FLIGHT)
-            async with trio.open_nursery() as nursery:
-                for item in items:
-                    plan = _prepare(item, limits, fmt, done)
-                    if plan is None:
-                        await trio.lowlevel.checkpoint()  # a long run of refusals stays
-                        continue                          # interruptible
-                    await slots.acquire()
-                    nursery.start_soon(_publish_one, store, item, plan, slots, done)
+    # Ctrl-C (or SIGTERM) stops taking reports; what is in flight is finished and counted
+    # (a publication is milliseconds), so the summary says exactly what the store holds.
+    async with _stoppable() as (stop, _work), open_store(location) as store:
+        slots = trio.Semaphore(IN_FLIGHT)
+        async with trio.open_nursery() as nursery:
+            for item in items:
+                if stop.is_set():
+                    break
+                plan = _prepare(item, limits, fmt, done)
+                if plan is None:
+                    await trio.lowlevel.checkpoint()  # a run of refusals stays stoppable
+                    continue
+                await slots.acquire()
+                nursery.start_soon(_publish_one, store, item, plan, slots, done)
         return store.stats.to_json(), stop.is_set()
 
 
@@ -228,13 +275,19 @@ def _prepare(item: _Item, limits: IntakeLimits, fmt: str | None,
         if item.refusal is not None:
             raise item.refusal
         return prepare_intake(item.path, (), case_id=None, limits=limits, report_format=fmt,
-                              report_bytes=item.raw, report_name=item.name)
+                              report_bytes=item.raw, report_name=item.name,
+                              json_only=item.json_only)
     except RejectedInput as exc:
         done("refused", _refusal(item, exc))
-        return None
+    except Exception as exc:  # a bug met on one report refuses that one, not the batch
+        log.exception("intake of %s failed", item.label)
+        done("refused", _refusal(item, VianoError(
+            f"{item.label}: internal error ({type(exc).__name__}); nothing of it was written",
+            reason="internal_error")))
+    return None
 
 
-def _refusal(item: _Item, exc: RejectedInput, case_id: str | None = None) -> dict[str, Any]:
+def _refusal(item: _Item, exc: VianoError, case_id: str | None = None) -> dict[str, Any]:
     return {"report": item.label, "case_id": case_id, "reason": exc.reason,
             "message": terminal_safe(exc.message)}
 

@@ -5,9 +5,12 @@ model wrote (titles, names, paths, messages): C0 and C1 control characters, DEL 
 Unicode bidirectional overrides are shown as visible escapes, so a title cannot move the
 cursor, recolour the terminal or reorder what follows it.
 
-:func:`markdown_inline` and :func:`markdown_block` escape model and reporter text for the
-Markdown artifacts (``summary.md``, ``hypotheses.md``, ``viano report``): no link, image,
-HTML, heading, list, table, emphasis or mention survives as markup.
+:func:`markdown_inert` and :func:`markdown_inert_block` escape model and reporter text for
+what people read and post (``summary.md``, ``hypotheses.md``, ``viano report``): no link,
+image, HTML, heading, list, table, emphasis, Jira macro or mention survives as markup, on
+GitHub or in Jira. :func:`markdown_inline` and :func:`markdown_block` are the weaker
+escaping of the first packages (a ``@`` of an e-mail address still autolinked, a list
+could nest): kept so that those packages' artifacts still audit as what they were.
 """
 
 from __future__ import annotations
@@ -56,12 +59,6 @@ def _md_line(line: str, *, starts_line: bool) -> str:
                               line)
 
 
-def markdown_line(text: str) -> str:
-    """``text`` (already one line) with markup characters escaped and bare URLs broken,
-    exactly as given otherwise (no whitespace folded): a piece of a line."""
-    return _md_line(text, starts_line=False)
-
-
 def markdown_inline(text: str) -> str:
     """One line of model text as inert Markdown, for use after a prefix on a line (a list
     marker, a label): every markup character backslash-escaped, line breaks and control
@@ -77,6 +74,42 @@ def markdown_block(text: str) -> str:
     lines = terminal_safe(text, multiline=True).replace("\t", " ").splitlines()
     return "\n".join(_md_line(" ".join(line.split()), starts_line=True)
                      for line in lines).strip("\n")
+
+
+_WJ = "\u2060"
+_JIRA = re.compile(r"([!{}^+=-])")  # Jira wiki markup, and what GitHub starts blocks with
+_LINE_START = re.compile(r"^(\d+|h[1-6]|bq)([.)])", re.IGNORECASE)  # 1. / 1) / h1. / bq.
+_LINKED = re.compile(r"(?i)\b(?:gh-[0-9]+|[0-9a-f]{7,40})\b")
+
+
+def _inert(segment: str) -> str:
+    out = _JIRA.sub(r"\\\1", _md_line(segment, starts_line=False))
+    return out.replace("\\@", f"\\@{_WJ}").replace("\\#", f"\\#{_WJ}")
+
+
+def markdown_inert(text: str) -> str:
+    """One line of untrusted text as Markdown that stays inert where it is posted, on
+    GitHub or in Jira: :func:`markdown_inline`'s escapes, plus Jira wiki markup's
+    characters (``!image!``, ``{macro}``, ``-strike-``, ``+under+``, ``^sup^``) and a
+    line-starting ``1.``/``h1.``, a word joiner after ``@`` and ``#`` (GitHub mentions and
+    references are made after escapes are undone), and what GitHub links by itself
+    (``GH-123``, 7 to 40 hex digits of a commit) as inline code, which it never links."""
+    flat = " ".join(terminal_safe(text, multiline=True).split())
+    parts, last = [], 0
+    for m in _LINKED.finditer(flat):  # GitHub links these in plain text: code spans
+        parts += [_inert(flat[last:m.start()]), f"`{m.group()}`"]
+        last = m.end()
+    parts.append(_inert(flat[last:]))
+    return _LINE_START.sub(r"\1\\\2", "".join(parts))
+
+
+
+
+def markdown_inert_block(text: str) -> str:
+    """A paragraph of untrusted text, line by line as :func:`markdown_inert`; blank lines
+    are kept as paragraph breaks."""
+    lines = terminal_safe(text, multiline=True).replace("\t", " ").splitlines()
+    return "\n".join(markdown_inert(line) for line in lines).strip("\n")
 
 
 # Letters and symbols that render as nothing (Hangul fillers, the blank braille pattern).

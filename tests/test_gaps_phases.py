@@ -526,3 +526,56 @@ class TestPointersRemovedBehindTheStoresBack:
         assert any("pointer" in v and "hypotheses" in v for v in violations), violations
         v = run_viano("verify", "--store", tmp_path / "s")
         assert v.returncode == 1 and "hypothesis_registry" in v.stdout + v.stderr
+
+
+class TestArtifactsOfTheFirstEscaping:
+    async def test_packages_written_with_the_weaker_escaping_still_audit_clean(
+            self, tmp_path: Path, server: LoopbackServer,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        """summary.md and hypotheses.md are now escaped inert for GitHub and Jira (no
+        mention, no e-mail autolink, no nested list); a package whose artifacts were
+        rendered with the first, weaker escaping is still what its history gives, so it
+        verifies, and the builder reuses its batch rather than calling again."""
+        from engine._phases import _hypotheses, _interpretation
+
+        server.answers["interpretation_v1"] = json.dumps(
+            INTERPRETATION_ANSWER | {"summary": "mail me@evil.example and ping @bob"})
+        hyps = json.loads(json.dumps(HYP_ANSWER))
+        hyps["hypotheses"][0]["mechanism"] += " (as in GH-7; ask @bob)"
+        server.answers["hypotheses_v1"] = json.dumps(hyps)
+        def first(render: Any) -> Any:
+            return lambda *a, **kw: render(*a, **{**kw, "legacy": True})
+
+        old_summary = first(_interpretation.render_summary)
+        old_batch = first(_hypotheses.render_hypotheses)
+        async with services(tmp_path / "s", _providers(server)) as sv:
+            with monkeypatch.context() as m:  # the first packages' renderer
+                m.setattr(_interpretation, "render_summary", old_summary)
+                m.setattr(_hypotheses, "render_hypotheses", old_batch)
+                await _interpreted_and_confirmed(sv)
+                r = await dispatch_phase(sv, HYPOTHESES, "BUG-20", _hyp_request())
+                assert r.status == "COMPLETED", r
+            snap = await sv.store.snapshot("BUG-20")
+            summary = (await snap.read(I1 + "summary.md")).decode()
+            batch_md = (await snap.read(H1 + "hypotheses.md")).decode()
+            calls = len(server.requests)
+            again = await dispatch_phase(sv, HYPOTHESES, "BUG-20", _hyp_request())
+            assert again.status == "COMPLETED" and len(server.requests) == calls
+        assert "me\\@evil.example" in summary  # written with the weaker escaping
+        assert "GH-7" in batch_md and "`GH-7`" not in batch_md
+        assert _violations(tmp_path / "s") == []
+
+    async def test_new_artifacts_are_inert_where_they_are_posted(
+            self, tmp_path: Path, server: LoopbackServer) -> None:
+        server.answers["interpretation_v1"] = json.dumps(
+            INTERPRETATION_ANSWER | {"summary": "mail me@evil.example, ping @bob, GH-7"})
+        async with services(tmp_path / "s", _providers(server)) as sv:
+            await _interpreted_and_confirmed(sv)
+            snap = await sv.store.snapshot("BUG-20")
+            summary = (await snap.read(I1 + "summary.md")).decode()
+        import cmarkgfm
+
+        html = cmarkgfm.github_flavored_markdown_to_html(summary)
+        assert "<a " not in html and "mailto" not in html, html
+        assert "@\u2060" in summary and "`GH-7`" in summary
+        assert _violations(tmp_path / "s") == []

@@ -235,7 +235,7 @@ class TestContextAndArtifacts:
             unescaped = re.escape(raw).replace(re.escape(raw[0]), "(?<!\\\\)" +
                                                re.escape(raw[0]), 1)
             assert not re.search(unescaped, md), raw
-        assert "\\[click\\]" in md and "\\@admin" in md
+        assert "\\[click\\]" in md and "\\@\u2060admin" in md
 
     def test_config_policy_pins_limits_not_auto_confirm(self) -> None:
         a = INTERPRETATION.configured(Config.defaults())

@@ -15,7 +15,7 @@ import trio
 from cmarkgfm.cmark import Options
 
 from engine import Config, ProviderConfig, report_markdown
-from engine._phases import md_text
+from engine._text import markdown_inert as md_text
 from tests.conftest import make_readonly, make_writable, run_viano
 from viano_bug_analysis import bundled_sample
 from viano_bug_analysis.cli._demo import _run

@@ -43,7 +43,6 @@ from ._protocol import attempt_hash as attempt_hash
 from ._protocol import decide as decide
 from ._protocol import due_delay as due_delay
 from ._protocol import phase_dir as phase_dir
-from ._report import md_text as md_text
 from ._report import report_document as report_document
 from ._report import report_markdown as report_markdown
 from ._runner import enter_change as enter_change

@@ -20,7 +20,7 @@ import attrs
 from .._canonical import artifact_json, sha256_hex, utc_now_iso
 from .._config import Config, InterpretationLimits, InterpretationPolicy
 from .._gateway import parse_contracted_json
-from .._text import markdown_block, markdown_inline
+from .._text import markdown_block, markdown_inert, markdown_inert_block, markdown_inline
 from ._case import CaseRecord, catalogue_for_prompt, excerpts, human_texts, read_case
 from ._protocol import ERROR, DispatchRequest, Refusal, phase_dir
 from ._spec import Accepted, Problem, strict_attrs
@@ -254,16 +254,20 @@ _KIND_LABEL = {k: k.replace("_", " ") for k in KINDS}
 
 
 def render_summary(case_id: str, revision: int, answer: Mapping[str, Any],
-                   statements: list[dict[str, Any]]) -> bytes:
-    """summary.md: deterministic, every model string Markdown-escaped."""
+                   statements: list[dict[str, Any]], *, legacy: bool = False) -> bytes:
+    """summary.md: deterministic, every model string escaped inert (``legacy``: with the
+    weaker escaping the first packages were written with, which their audit accepts)."""
+    inline = markdown_inline if legacy else markdown_inert
+    block = markdown_block if legacy else markdown_inert_block
+    # The case id is ours (a validated id): only its "_" and "." need escaping.
     lines = [f"# Case interpretation: {markdown_inline(case_id)}, revision {revision}", "",
-             markdown_block(str(answer["summary"])), "", "## Statements", ""]
+             block(str(answer["summary"])), "", "## Statements", ""]
     for s in statements:
-        sources = ", ".join(markdown_inline(x) for x in s["source_ids"]) or "none"
+        sources = ", ".join(inline(x) for x in s["source_ids"]) or "none"
         lines.append(f"- **{s['alias']}** ({_KIND_LABEL[s['kind']]}): "
-                     f"{markdown_inline(s['text'])} (sources: {sources})")
+                     f"{inline(s['text'])} (sources: {sources})")
     lines += ["", "## Missing observations", ""]
-    missing = [markdown_inline(x) for x in answer["missing_observations"]]
+    missing = [inline(x) for x in answer["missing_observations"]]
     lines += [f"- {x}" for x in missing] or ["- none stated"]
     return ("\n".join(lines) + "\n").encode("utf-8")
 
@@ -297,8 +301,9 @@ def interpretation_problems(view: PackageView, revision: int) -> list[str]:
             elif statements_of(parsed) != doc["statements"] or \
                     parsed["summary"] != doc["summary"]:
                 out.append("the interpretation's statements differ from its model outcome")
-            elif view.read(p["summary"]) != render_summary(
-                    view.manifest.case_id, revision, parsed, statements_of(parsed)):
+            elif view.read(p["summary"]) not in (render_summary(
+                    view.manifest.case_id, revision, parsed, statements_of(parsed),
+                    legacy=legacy) for legacy in (False, True)):
                 out.append(f"{p['summary']} is not the summary its model outcome gives")
         if (doc.get("format"), doc.get("case_id"), doc.get("package_id"),
                 doc.get("analysis_revision")) != ("viano-interpretation/1",

@@ -17,37 +17,15 @@ digits) is written as inline code, which it never links.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from .._errors import NotFound, PhaseRefused
-from .._text import markdown_line, terminal_safe
+from .._text import markdown_inert as md_text
+from .._text import markdown_inline
 from ._history import history_problems
 from ._view import PackageView
 
 QUOTE_CHARS = 200
-_WJ = "\u2060"
-
-
-_JIRA = re.compile(r"([!{}^+=-])")  # Jira wiki markup, and what GitHub starts blocks with
-_LINE_START = re.compile(r"^(\d+|h[1-6]|bq)([.)])", re.IGNORECASE)  # 1. / 1) / h1. / bq.
-_LINKED = re.compile(r"(?i)\b(?:gh-[0-9]+|[0-9a-f]{7,40})\b")
-
-
-def _inert(segment: str) -> str:
-    out = _JIRA.sub(r"\\\1", markdown_line(segment))
-    return out.replace("\\@", f"\\@{_WJ}").replace("\\#", f"\\#{_WJ}")
-
-
-def md_text(text: str) -> str:
-    """One line of untrusted text as inert Markdown for posting (see the module doc)."""
-    flat = " ".join(terminal_safe(text, multiline=True).split())
-    parts, last = [], 0
-    for m in _LINKED.finditer(flat):  # GitHub links these in plain text: code spans
-        parts += [_inert(flat[last:m.start()]), f"`{m.group()}`"]
-        last = m.end()
-    parts.append(_inert(flat[last:]))
-    return _LINE_START.sub(r"\1\\\2", "".join(parts))
 
 
 def _quote(text: str) -> str:
@@ -126,7 +104,8 @@ def report_document(view: PackageView, revision: int | None = None) -> dict[str,
 def report_markdown(doc: dict[str, Any]) -> str:
     out: list[str] = []
     add = out.append
-    add(f"## Viano analysis: {md_text(str(doc.get('title') or doc['case_id']))}")
+    title = md_text(str(doc["title"])) if doc.get("title") else markdown_inline(doc["case_id"])
+    add(f"## Viano analysis: {title}")
     add("")
     interp = doc["interpretation"]
     who = interp.get("confirmed_by")
@@ -185,7 +164,7 @@ def report_markdown(doc: dict[str, Any]) -> str:
     add("---")
     add("")
     # Ids and hashes as code: GitHub would link a hex run that names one of its commits.
-    parts = [f"Viano report of case {md_text(doc['case_id'])}",
+    parts = [f"Viano report of case {markdown_inline(doc['case_id'])}",
              f"package `{t['package_id']}`", f"generation {t['package_generation']}",
              f"interpretation sha256 `{t['interpretation_sha256']}`"]
     if t.get("hypotheses_sha256"):

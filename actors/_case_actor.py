@@ -140,27 +140,27 @@ class _Dispatch:
 
     async def run(self) -> DispatchResult:
         for _ in range(MAX_STEPS):
-            ref, snap = await self.s.store.head(self.case_id)
-            if self.package_id is not None and snap.manifest.package_id != self.package_id:
-                raise PhaseRefused(f"case {self.case_id!r} is package "
-                                   f"{snap.manifest.package_id}, not {self.package_id}",
-                                   reason="package_mismatch",
-                                   hint="Pass the package_id from the case's manifest "
-                                        "('viano show CASE').")
-            view = view_of(snap)
+            # One worker-thread hop per step: read the head, derive the state, decide,
+            # and prepare what the step needs (a thread hop is ~150 us of CPU, and a case
+            # takes a dozen steps).
+            now = self.s.clock.now()
             try:
-                state = await trio.to_thread.run_sync(load_state, self.spec, view,
-                                                      ref.status, self.request)
-                step = decide(state, self.request, self.s.clock.now())
+                planned = await trio.to_thread.run_sync(self._plan, now)
+            except HistoryProblem as exc:
+                if self._last is None:
+                    raise
+                return self._result(self._last, ERROR, "unsupported_history", str(exc))
+            snap, step, work = planned
+            try:
                 if isinstance(step, Finish):
                     return self._result(snap, step.status, step.reason, step.message,
                                         step.round, step.max_rounds, step.due_at)
                 if isinstance(step, Enter):
-                    done = await self._enter(snap, view)
+                    done = await self._enter(snap, work)
                 elif isinstance(step, RunRound):
-                    done = await self._round(snap, view, step)
+                    done = await self._round(snap, step, work)
                 else:
-                    done = await self._judge(snap, view, step)
+                    done = await self._judge(snap, step, work)
             except StaleGeneration as exc:
                 return self._result(snap, DEFERRED, "stale_generation",
                                     f"another writer moved the case: {exc.message}")
@@ -171,8 +171,33 @@ class _Dispatch:
         raise VianoError(f"the dispatch of {self.case_id!r} did not settle in {MAX_STEPS} "
                          "steps")
 
-    async def _enter(self, snap: Snapshot, view: PackageView) -> DispatchResult | None:
-        made = await trio.to_thread.run_sync(enter_change, self.spec, view, self.request)
+    _last: Snapshot | None = None  # the head of the step being planned (for its errors)
+
+    def _plan(self, now: float) -> tuple[Snapshot, Any, Any]:
+        """On a worker thread: the head, the state it gives, the step, and that step's
+        pure work (enter: the change; round: the prompt; judge: the verdict)."""
+        store = self.s.store
+        ref, manifest = store.store.head(self.case_id)
+        if self.package_id is not None and manifest.package_id != self.package_id:
+            raise PhaseRefused(f"case {self.case_id!r} is package {manifest.package_id}, "
+                               f"not {self.package_id}", reason="package_mismatch",
+                               hint="Pass the package_id from the case's manifest "
+                                    "('viano show CASE').")
+        snap = Snapshot(store, manifest)
+        self._last = snap
+        view = view_of(snap)
+        step = decide(load_state(self.spec, view, ref.status, self.request), self.request,
+                      now)
+        work: Any = None
+        if isinstance(step, Enter):
+            work = enter_change(self.spec, view, self.request)
+        elif isinstance(step, RunRound):
+            work = (view, prompt_for(self.spec, view))
+        elif isinstance(step, Judge):
+            work = judge_change(self.spec, view, step, self.request)
+        return snap, step, work
+
+    async def _enter(self, snap: Snapshot, made: Any) -> DispatchResult | None:
         if isinstance(made, Refusal):
             return self._result(snap, made.status, made.reason, made.message)
         change, status = made
@@ -182,8 +207,9 @@ class _Dispatch:
         self._step(after, "enter", status)
         return None
 
-    async def _round(self, snap: Snapshot, view: PackageView, step: RunRound
+    async def _round(self, snap: Snapshot, step: RunRound, work: Any
                      ) -> DispatchResult | None:
+        view, prompt = work
         calls = step.calls_started
         if self.fresh_intent == (step.round, step.attempt_id):
             calls = 1  # the enter generation recorded this call's intent
@@ -193,7 +219,6 @@ class _Dispatch:
             self._step(snap, "call", intent)  # the intent of a call, durable before it
         self.fresh_intent = None
         step = attrs.evolve(step, calls_started=calls)
-        prompt = await trio.to_thread.run_sync(prompt_for, self.spec, view)
         policy = self.spec.policy(self.request)
         started = utc_now_iso()
         outcome = await self.s.gateway.round(RoundRequest(
@@ -213,9 +238,7 @@ class _Dispatch:
         return self._result(after, record.result_status, record.reason, record.message,
                             step.round, self.request.retry.max_rounds, record.due_at)
 
-    async def _judge(self, snap: Snapshot, view: PackageView, step: Judge) -> DispatchResult:
-        verdict = await trio.to_thread.run_sync(judge_change, self.spec, view, step,
-                                                self.request)
+    async def _judge(self, snap: Snapshot, step: Judge, verdict: Any) -> DispatchResult:
         after = await snap.publish(verdict.change, verdict.status)
         crash_point("phase.judged")
         self._step(after, "accept" if verdict.result_status == COMPLETED else "reject",
@@ -258,8 +281,7 @@ async def case_operation(store: StoreHandle, case_id: str,
     the change from the head (on a worker thread), and it is published on top of exactly
     that head. ``None`` when there is nothing to do."""
     with store.lease(case_id):
-        _ref, snap = await store.head(case_id)
-        made = await trio.to_thread.run_sync(make, view_of(snap))
+        _ref, snap, made = await store.head_with(case_id, lambda snap: make(view_of(snap)))
         if made is None:
             return None
         change, status = made

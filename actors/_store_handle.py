@@ -15,9 +15,9 @@ only (by the hashes it lists, so two reads can never see two generations), and
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import trio
@@ -44,6 +44,8 @@ from engine import (
 
 from ._publisher import PublisherStats, PublishMsg, mailbox, run_publisher
 from ._serving import serving
+
+T = TypeVar("T")
 
 
 class StoreHandle:
@@ -121,6 +123,17 @@ class StoreHandle:
         """The case's index row (with its durable status) and its head, read together."""
         ref, manifest = await trio.to_thread.run_sync(self.store.head, case_id)
         return ref, Snapshot(self, manifest)
+
+    async def head_with(self, case_id: str, work: Callable[[Snapshot], T]
+                        ) -> tuple[CaseRef, Snapshot, T]:
+        """The head and ``work`` done on it, in one worker-thread hop (a hop costs ~150 us
+        of CPU; reading the head and then working on it in a second one doubles that)."""
+        def run() -> tuple[CaseRef, Snapshot, T]:
+            ref, manifest = self.store.head(case_id)
+            snap = Snapshot(self, manifest)
+            return ref, snap, work(snap)
+
+        return await trio.to_thread.run_sync(run)
 
     def snapshot_of(self, published: Published) -> Snapshot:
         return Snapshot(self, published.manifest)

@@ -324,8 +324,8 @@ class Engine(Passes):
         return result
 
     async def _confirm(self, case_id: str) -> None:
-        _ref, snap = await self.store.head(case_id)
-        made = await trio.to_thread.run_sync(confirm_change, view_of(snap), "policy:auto_confirm")
+        _ref, snap, made = await self.store.head_with(
+            case_id, lambda snap: confirm_change(view_of(snap), "policy:auto_confirm"))
         if made is not None:
             after = await snap.publish(*made)
             self._step(case_id, "confirm", made[1], after.manifest.analysis_revision,

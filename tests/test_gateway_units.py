@@ -128,3 +128,48 @@ class TestFixtureProvider:
             none = await gw.round(request("BUG-20"))
         assert none.status is RoundStatus.CONFIGURATION
         assert none.attempts[0].detail == "fixture_missing"
+
+
+class TestRedactorPrecheck:
+    """The fast pre-check never lets through what the full pattern would mask."""
+
+    SECRET = "sk-LIVE-9f8e7d6c5b4a"
+
+    def _forms(self) -> list[str]:
+        s = self.SECRET
+        return [s, s.upper(), s.lower(), s.replace("s", "\u017f", 1),
+                s.replace("k", "\u212a", 1), "".join(f"\\u{ord(c):04x}" for c in s),
+                "".join(f"%{ord(c):02x}" for c in s), "".join(f"&#{ord(c)};" for c in s),
+                s[:4] + "%25" + f"{ord(s[4]):02x}" + s[5:]]
+
+    def test_every_form_is_masked_and_plain_text_passes_untouched(self) -> None:
+        from engine._gateway._redact import MASK, Redactor
+
+        r = Redactor([self.SECRET, "a/b/c/secret-path-token"])
+        for form in self._forms():
+            for text in (form, f"x {form} y", f'{{"k": "{form}", "n": "\\n"}}'):
+                assert self.SECRET.lower() not in r.text(text).lower(), text
+                assert MASK in r.text(text), text
+        assert r.text('{"p": "a\\/b\\\\/c\\/secret-path-token"}') == '{"p": "[REDACTED]"}'
+        plain = '{"context": "ünïcode \\n no secret here, 50 percent"}' * 500
+        assert r.text(plain) is plain  # the fast path: the very same object back
+
+    def test_the_precheck_agrees_with_the_pattern(self) -> None:
+        from hypothesis import given, settings
+        from hypothesis import strategies as st
+
+        from engine._gateway._redact import Redactor
+
+        r = Redactor([self.SECRET])
+        assert r._pattern is not None
+        pieces = st.sampled_from([*self._forms(), "\\", "/", "\\/", "İ", "ı", "K", "ſ",
+                                  "sk-", "LIVE", "%", "&", "#", "u", " ", "ü", "\n"])
+
+        @settings(max_examples=300, deadline=None)
+        @given(st.lists(st.one_of(pieces, st.text(max_size=5)), max_size=12))
+        def check(parts: list[str]) -> None:
+            text = "".join(parts)
+            if r._cannot_hold_a_secret(text):
+                assert r._pattern.search(text) is None, text  # type: ignore[union-attr]
+
+        check()

@@ -32,6 +32,21 @@ SAMPLE = bundled_sample()
 FIXTURES = SAMPLE / "fixtures"
 INTERPRETATION_ANSWER: dict[str, Any] = json.loads(
     (FIXTURES / "interpretation_v1" / "BUG-20.json").read_text())
+HYP_ANSWER: dict[str, Any] = json.loads((FIXTURES / "hypotheses_v1" / "BUG-20.json").read_text())
+I1 = "analysis/interpretation/0001/"
+H1 = "analysis/hypotheses/0001/"
+
+
+async def start_sample_server(nursery: Any) -> Any:
+    """The loopback provider answering the sample case's two prompts, serving in
+    ``nursery`` (what the phase tests' ``server`` fixtures are)."""
+    from tests.loopback import LoopbackServer
+
+    srv = LoopbackServer(retry_after="0")
+    srv.answers["interpretation_v1"] = json.dumps(INTERPRETATION_ANSWER)
+    srv.answers["hypotheses_v1"] = json.dumps(HYP_ANSWER)
+    await nursery.start(srv.serve)
+    return srv
 FAST = GatewayConfig(backoff_base_s=0.001, backoff_max_s=0.002, connect_timeout_s=2.0,
                      cooldown_after=1000)
 KEY = "sk-VIANO-PHASE-4c8e1f2a9b7d3e6f"

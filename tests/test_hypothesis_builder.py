@@ -33,7 +33,7 @@ from engine import (
 from tests.conftest import run_viano
 from tests.loopback import LoopbackServer, dead_port
 from tests.phase_helpers import (
-    FIXTURES,
+    HYP_ANSWER,
     INTERPRETATION_ANSWER,
     http_provider,
     intake_sample,
@@ -42,20 +42,17 @@ from tests.phase_helpers import (
     package_files,
     rewrite_export,
     services,
+    start_sample_server,
 )
 from tests.store_helpers import open_ro
 from viano_bug_analysis.analysis import HypothesisBuilder, HypothesisConfig
 
 H = "analysis/hypotheses/0001/"
-HYP_ANSWER: dict[str, Any] = json.loads((FIXTURES / "hypotheses_v1" / "BUG-20.json").read_text())
 
 
 @pytest.fixture
 async def server(nursery: trio.Nursery) -> LoopbackServer:
-    srv = LoopbackServer(retry_after="0")
-    srv.answers["interpretation_v1"] = json.dumps(INTERPRETATION_ANSWER)
-    srv.answers["hypotheses_v1"] = json.dumps(HYP_ANSWER)
-    await nursery.start(srv.serve)
+    srv: LoopbackServer = await start_sample_server(nursery)
     return srv
 
 

@@ -41,8 +41,9 @@ from engine import (
 from tests.conftest import run_viano
 from tests.loopback import LoopbackServer
 from tests.phase_helpers import (
-    FIXTURES,
-    INTERPRETATION_ANSWER,
+    H1,
+    HYP_ANSWER,
+    I1,
     KEY,
     http_provider,
     intake_sample,
@@ -50,21 +51,15 @@ from tests.phase_helpers import (
     json_edit,
     rewrite_export,
     services,
+    start_sample_server,
 )
 from tests.store_helpers import open_ro
 from viano_bug_analysis.analysis import HypothesisConfig
 
-H1 = "analysis/hypotheses/0001/"
-I1 = "analysis/interpretation/0001/"
-HYP_ANSWER: dict[str, Any] = json.loads((FIXTURES / "hypotheses_v1" / "BUG-20.json").read_text())
-
 
 @pytest.fixture
 async def server(nursery: trio.Nursery) -> LoopbackServer:
-    srv = LoopbackServer(retry_after="0")
-    srv.answers["interpretation_v1"] = json.dumps(INTERPRETATION_ANSWER)
-    srv.answers["hypotheses_v1"] = json.dumps(HYP_ANSWER)
-    await nursery.start(srv.serve)
+    srv: LoopbackServer = await start_sample_server(nursery)
     return srv
 
 

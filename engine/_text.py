@@ -77,9 +77,12 @@ def markdown_block(text: str) -> str:
 
 
 _WJ = "\u2060"
-_JIRA = re.compile(r"([!{}^+=-])")  # Jira wiki markup, and what GitHub starts blocks with
+# Jira wiki markup (!image!, {macro}, ^sup^, +under+, -strike-, ??cite??, emoticons such as
+# (x) and :) ), GitHub's math ($x$) and what GitHub starts blocks with.
+_JIRA = re.compile(r"([!{}^+=$?()-])")
 _LINE_START = re.compile(r"^(\d+|h[1-6]|bq)([.)])", re.IGNORECASE)  # 1. / 1) / h1. / bq.
-_LINKED = re.compile(r"(?i)\b(?:gh-[0-9]+|[0-9a-f]{7,40})\b")
+# ASCII boundaries, not \b: "éabcdef1" is a commit id to a matcher that knows only ASCII.
+_LINKED = re.compile(r"(?i)(?<![0-9a-z])(?:gh-[0-9]+|[0-9a-f]{7,40})(?![0-9a-z])")
 
 
 def _inert(segment: str) -> str:
@@ -103,6 +106,12 @@ def markdown_inert(text: str) -> str:
     return _LINE_START.sub(r"\1\\\2", "".join(parts))
 
 
+
+
+def markdown_code(text: str) -> str:
+    """An id of ours (a case id: letters, digits, ``.``, ``_``, ``-``) as inline code: inert
+    everywhere, a hex run in it included."""
+    return f"`{text.replace('`', '')}`"
 
 
 def markdown_inert_block(text: str) -> str:

@@ -114,7 +114,7 @@ class TestConsoleScript:
         assert doc["verify"]["ok"] is True
         assert [r["status"] for r in doc["results"]] == ["COMPLETED"] * len(doc["results"])
         assert doc["results"][0]["case_id"] == "BUG-20"
-        assert "# Case interpretation: BUG-20, revision 1" in doc["interpretation_summary"]
+        assert "# Case interpretation: `BUG-20`, revision 1" in doc["interpretation_summary"]
         assert "first known divergence" in doc["interpretation_summary"]
         assert list(tmp_path.iterdir()) == []
 

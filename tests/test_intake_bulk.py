@@ -224,3 +224,40 @@ def test_ctrl_c_reports_exactly_what_the_store_holds(tmp_path: Path) -> None:
     code, again = _bulk(store, folder)
     assert code == 0 and again["already_present"] == held
     assert again["taken_in"] == 2500 - held
+
+
+def test_a_link_put_in_a_files_place_after_the_listing_is_not_followed(
+        tmp_path: Path) -> None:
+    """The folder is listed, then each entry read; whoever can write to the folder may put
+    a symbolic link in a file's place in between. The read never follows it."""
+    from viano_bug_analysis.cli import _intake_commands as bulk
+
+    folder = _folder(tmp_path, 2)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root:x:0:0\n")
+    _total, items, _skipped = bulk._items(folder, IntakeLimits())
+    listed = list(items)
+    (folder / "r001.json").unlink()
+    (folder / "r001.json").symlink_to(secret)
+    seen: list[tuple[str, dict[str, Any]]] = []
+    plans = [bulk._prepare(i, IntakeLimits(), None, lambda k, e: seen.append((k, e)))
+             for i in listed]
+    assert plans[0] is not None and plans[1] is None
+    assert [(k, e["reason"]) for k, e in seen] == [("refused", "unreadable_input")]
+    assert "symbolic link" in seen[0][1]["message"]
+
+
+def test_oversized_blank_lines_count_as_reports_and_a_json_file_is_not_json_lines(
+        tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("[intake.limits]\nmax_report_bytes = 1000\n")
+    lines = tmp_path / "r.jsonl"
+    lines.write_text(json.dumps(_report(1)) + "\n" + " " * 5000 + "\n\n" +
+                     json.dumps(_report(2)) + "\n")
+    code, doc = _bulk(tmp_path / "s", lines, "--config", config)
+    assert doc["reports"] == 3 == doc["taken_in"] + len(doc["refused"]), doc
+    assert [r["reason"] for r in doc["refused"]] == ["limit_exceeded"] and code == 2
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps(_report(3), indent=2))
+    r = run_viano("intake", "--json", "--store", tmp_path / "s", "--batch", one)
+    assert r.returncode == 2 and json.loads(r.stdout)["error"]["reason"] == "usage_error"

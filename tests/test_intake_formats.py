@@ -205,9 +205,9 @@ def test_bots_in_every_form_github_shows_them() -> None:
 def test_case_ids_from_issue_identity() -> None:
     assert valid_id("acme_rocket", "_42") == "acme_rocket_42"
     long = valid_id("o" * 50 + "_" + "r" * 50, "_123456")
-    assert long.endswith("_123456") and len(long) == 64
+    assert re.fullmatch(r"o+_123456-[0-9a-f]{8}", long) and len(long) == 64
     cleaned = valid_id("-weird/owner name_repo", "_1")  # cleaned: so the identity's hash
-    assert re.fullmatch(r"weird-owner-name_repo-[0-9a-f]{8}_1", cleaned)
+    assert re.fullmatch(r"weird-owner-name_repo_1-[0-9a-f]{8}", cleaned)
     assert valid_id("PAY-314") == "PAY-314"
 
 
@@ -355,6 +355,14 @@ def test_adf_keeps_cards_captions_placeholders_and_escapes_table_cells() -> None
                 {"type": "text", "text": "x\ny"}]}]}]}]}]}
     assert adf_text(doc) == ("https://x.example/card\n\n[media: shot.png] the crash dialog"
                              "\n\nfill done\n\n| a\\|b | ``` ⏎ x ⏎ y ⏎ ``` |")
+    code = {"type": "doc", "content": [
+        {"type": "codeBlock", "attrs": {"language": "py\n```\nEVIL"}, "content": [
+            {"type": "text", "text": "line1"}, {"type": "hardBreak"},
+            {"type": "text", "text": "x = '```'"}]},
+        {"type": "table", "content": [{"type": "tableRow", "content": [
+            {"type": "tableCell", "content": [{"type": "paragraph", "content": [
+                {"type": "text", "text": "c\\|d"}]}]}]}]}]}
+    assert adf_text(code) == ("````pyEVIL\nline1\nx = '```'\n````\n\n| c\\\\\\|d |")
 
 
 def test_issue_ids_never_collide_because_names_were_cut_or_cleaned() -> None:
@@ -362,12 +370,18 @@ def test_issue_ids_never_collide_because_names_were_cut_or_cleaned() -> None:
         return parse_report(json.dumps({"title": "t", "url": url}).encode(), "x.json",
                             "github").identity
 
-    a = gh_id("https://ghe.example/acme/web_app/issues/1")
+    a = gh_id("https://github.com/acme/web_app/issues/1")
     b = gh_id("https://ghe.example/acme_web/app/issues/1")
-    assert a == "acme_web_app_1" and b is not None and b != a and b.endswith("_1")
+    assert a == "acme_web_app_1" and b is not None and b != a
+    # Another host never takes github.com's id, and a changed id never looks exact: it
+    # ends in its hash, an exact one in its number.
+    other_host = gh_id("https://ghe.corp.example/acme/web_app/issues/1")
+    assert other_host not in (a, None) and re.fullmatch(r".*_1-[0-9a-f]{8}", other_host)
+    crafted = gh_id(f"https://github.com/a/b_c-{str(b)[-8:]}/issues/1")
+    assert crafted != b
     long_a = gh_id(f"https://github.com/org/{'x' * 70}-alpha/issues/2")
     long_b = gh_id(f"https://github.com/org/{'x' * 70}-beta/issues/2")
-    assert long_a != long_b and long_a and long_b and long_a.endswith("_2")
+    assert long_a != long_b and long_a and long_b and "_2-" in long_a
     assert len(long_a) == 64
     assert gh_id("https://github.com/a/b/issues/\u0663") is None  # not an ASCII number
 
@@ -377,10 +391,28 @@ def test_issue_ids_never_collide_because_names_were_cut_or_cleaned() -> None:
 
     assert jira_id("PAY-314") == "PAY-314"
     one, two = jira_id("P" * 70 + "-1"), jira_id("P" * 70 + "-2")
-    assert one != two and one and two and one.endswith("-1") and two.endswith("-2")
+    assert one != two and one and two and "-1-" in one and "-2-" in two
+    huge = jira_id("PROJ-" + "1" * 60)  # a number too long to keep: still a valid id
+    assert huge and re.fullmatch(r"issue-[0-9a-f]{24}", huge)
+
+    def rest_id(number: int) -> str | None:
+        return parse_report(json.dumps({"title": "t", "number": number, "user": {"login": "u"},
+                                        "repository_url": "https://api.github.com/repos/a/b"}
+                                       ).encode(),
+                            "x.json", "github").identity
+
+    assert rest_id(5) == "a_b_5" and rest_id(-5) is None and rest_id(0) is None
 
 
 def test_credentials_in_issue_urls_are_not_recorded(tmp_path: Path) -> None:
+    from engine._intake._github import public_url
+
+    assert public_url("HTTPS://bob:s3cr3t@jira.example/rest/api/2/issue/1") == \
+        "HTTPS://jira.example/rest/api/2/issue/1"
+    assert public_url("https://u:p@ss@github.com/a/b/issues/1") == \
+        "https://github.com/a/b/issues/1"
+    assert public_url("https://github.com/a/b/issues/1?x=a@b") == \
+        "https://github.com/a/b/issues/1?x=a@b"
     gh = {"title": "t", "author": {"login": "a"},
           "url": "https://bob:ghp_SECRET@github.com/acme/rocket/issues/9"}
     doc = _intake(tmp_path / "s", _write(tmp_path, "g.json", gh))

@@ -3,7 +3,7 @@
 * **DBOS** (``pip install '.[peers]'``; skipped with a message if absent), SQLite system
   database, three durable steps per case (``bench/peers/dbos_peer.py``, in its own
   process), beside Viano's whole pipeline (interpretation, auto-confirm, hypotheses: two
-  model calls and about six publications per case; ``bench/throughput.py``'s run) at the
+  model calls and six to eight publications per case; ``bench/throughput.py``'s run) at the
   same N, latency and concurrency: cases/s and the ratio.
 * **LiteLLM Router** (optional too): answers/s at the given concurrency and the latency a
   failover past a refused provider adds, beside Viano's gateway pool — the functions of

@@ -18,6 +18,7 @@ left out, apart from a link's URL after its text when the two differ.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 _BLOCK_SEP = "\n\n"
@@ -89,10 +90,11 @@ def _block(node: dict[str, Any], indent: str) -> str:
         hashes = "#" * _small_int(_attr(node, "level"), 1, 1, 6)
         return _prefix(f"{hashes} {_inline(_children(node))}", indent)
     if kind == "codeBlock":
-        code = "".join(str(c.get("text", "")) for c in _children(node)
-                       if c.get("type") == "text")
-        fence = "````" if "```" in code else "```"
-        return _prefix(f"{fence}{_attr(node, 'language') or ''}\n{code}\n{fence}", indent)
+        code = "".join("\n" if c.get("type") == "hardBreak" else str(c.get("text", ""))
+                       for c in _children(node))
+        fence = "`" * max(3, _longest_backtick_run(code) + 1)
+        language = re.sub(r"[^A-Za-z0-9_+.#-]", "", _attr(node, "language") or "")[:32]
+        return _prefix(f"{fence}{language}\n{code}\n{fence}", indent)
     if kind in ("bulletList", "orderedList", "taskList", "decisionList"):
         return _list(node, indent)
     if kind == "blockquote":
@@ -139,11 +141,15 @@ def _list(node: dict[str, Any], indent: str) -> str:
     return "\n".join(lines)
 
 
+def _longest_backtick_run(text: str) -> int:
+    return max((len(m) for m in re.findall(r"`+", text)), default=0)
+
+
 def _row(row: dict[str, Any]) -> str:
-    """A table row on one line: a ``|`` inside a cell is written ``\\|``, a line break
-    inside one (a code block, a list) `` ⏎ ``."""
-    cells = [_blocks(_children(c), "").replace("|", "\\|").replace("\n", " ⏎ ")
-             for c in _children(row)]
+    """A table row on one line: ``\\`` and ``|`` inside a cell are written ``\\\\`` and
+    ``\\|``, a line break inside one (a code block, a list) `` ⏎ ``."""
+    cells = [_blocks(_children(c), "").replace("\\", "\\\\").replace("|", "\\|")
+             .replace("\n", " ⏎ ") for c in _children(row)]
     return "| " + " | ".join(cells) + " |"
 
 

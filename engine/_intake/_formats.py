@@ -112,6 +112,10 @@ def parse_report(raw: bytes, label: str, fmt: str | None = None, *,
                 "issue" not in data and "user" not in data and "html_url" not in data)
             return parse_gh(data, label) if gh else parse_rest(data, label)
         return parse_native(data, label)
+    except ReportRejected as exc:
+        if fmt == "viano" or exc.hint != ReportRejected.default_hint:
+            raise
+        raise ReportRejected(exc.message, reason=exc.reason, hint=_hint()) from exc
     except (ValueError, TypeError, KeyError, IndexError, RecursionError) as exc:
         # A shape no reader foresaw is that report's refusal, never a crash of the intake
         # (or of a whole --batch); the readers refuse what they know by name.

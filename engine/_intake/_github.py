@@ -94,33 +94,45 @@ def is_bot(user: _User | None) -> bool:
             or login.startswith("app/"))
 
 
-_WEB = re.compile(r"https?://[^/\s]+/([^/\s]+)/([^/\s]+)/(?:issues|pull)/([0-9]{1,18})"
-                  r"(?:[/?#]|$)")
-_API = re.compile(r"https?://[^/\s]+/repos/([^/\s]+)/([^/\s]+?)/?$")
-_USERINFO = re.compile(r"^(https?://)[^/@\s]*@")
+_WEB = re.compile(r"(?i)https?://([^/\s]+)/([^/\s]+)/([^/\s]+)/(?:issues|pull)/"
+                  r"([0-9]{1,18})(?:[/?#]|$)")
+_API = re.compile(r"(?i)https?://([^/\s]+)/repos/([^/\s]+)/([^/\s]+?)/?$")
+_GITHUB_HOSTS = ("github.com", "api.github.com")
 
 
 def _identity(web_url: str | None, repository_url: str | None, number: int | None
               ) -> tuple[str | None, dict[str, Any]]:
-    owner = repo = None
+    host = owner = repo = None
+    if number is not None and not 0 < number < 10**18:
+        number = None
     if web_url and (m := _WEB.match(web_url)):
-        owner, repo, number = m.group(1), m.group(2), int(m.group(3))
+        host, owner, repo, number = m.group(1), m.group(2), m.group(3), int(m.group(4))
     elif repository_url and (m := _API.match(repository_url)):
-        owner, repo = m.group(1), m.group(2)
+        host, owner, repo = m.group(1), m.group(2), m.group(3)
     issue: dict[str, Any] = {"number": number, "url": public_url(web_url)}
-    if owner is None or repo is None or number is None:
+    if host is None or owner is None or repo is None or number is None:
         return None, issue
+    host = host.rsplit("@", 1)[-1].lower()
     issue["repository"] = f"{owner}/{repo}"
-    # GitHub owners have no "_", so owner_repo_N names one issue; an owner that has one
-    # (another host) gets the identity's hash, so acme/web_app and acme_web/app differ.
-    return valid_id(f"{owner}_{repo}", f"_{number}",
-                    identity=f"{owner}/{repo}#{number}", exact="_" not in owner), issue
+    # On github.com owners have no "_", so owner_repo_N names one issue; another host, or
+    # an owner with a "_", gets the identity's hash (host included), so neither
+    # ghe.example/acme/app#1 nor acme_web/app#1 can take github.com's ids.
+    exact = host in _GITHUB_HOSTS and "_" not in owner
+    return valid_id(f"{owner}_{repo}", f"_{number}", identity=f"{host}/{owner}/{repo}#{number}",
+                    exact=exact), issue
 
 
 def public_url(url: str | None) -> str | None:
-    """``url`` without user information (``https://user:token@host/…``): a credential
-    pasted into an issue's URL is not copied into the case's records."""
-    return _USERINFO.sub(r"\1", url) if url else url
+    """``url`` without user information (``https://user:token@host/…``, any scheme, any
+    case, a password with ``@`` in it): a credential pasted into an issue's URL is not
+    copied into the case's records."""
+    if not url:
+        return url
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    return f"{scheme}://{authority.rsplit('@', 1)[-1]}{slash}{path}"
 
 
 _INVALID = re.compile(r"[^A-Za-z0-9._-]+")
@@ -131,15 +143,21 @@ def valid_id(stem: str, suffix: str = "", *, identity: str | None = None,
     """``stem + suffix`` made a valid case id: other characters become ``-``, it starts
     with a letter or digit, and a stem too long is cut so that the suffix (the number,
     which tells issues apart) survives. Whenever that changed anything (or ``exact`` is
-    false), 8 hex of the sha256 of ``identity`` (the issue's full identity) go before the
-    suffix, so two issues never share an id because their names were cut or cleaned."""
+    false), ``-`` and 8 hex of the sha256 of ``identity`` (the issue's full identity, host
+    included) go after the number: an exact id ends in its number, a changed one never
+    does, so no exact id can look like a changed one, and two issues never share an id
+    because their names were cut or cleaned. A suffix too long to keep (a number of dozens
+    of digits) gives ``issue-`` and a longer hash."""
     clean = _INVALID.sub("-", stem).lstrip("._-") or "issue"
     suffix = _INVALID.sub("-", suffix)
+    digest = hashlib.sha256((identity or stem + suffix).encode("utf-8")).hexdigest()
+    if len(suffix) > 24:
+        return f"issue-{digest[:24]}"
     changed = not exact or clean != stem or len(clean) + len(suffix) > 64
     if not changed:
         return clean + suffix
-    tag = "-" + hashlib.sha256((identity or stem + suffix).encode("utf-8")).hexdigest()[:8]
-    return clean[: 64 - len(tag) - len(suffix)].rstrip("._-") + tag + suffix
+    tag = "-" + digest[:8]
+    return clean[: 64 - len(tag) - len(suffix)].rstrip("._-") + suffix + tag
 
 
 def _texts(title: str, body: str | None, base: str, author: _User | None,

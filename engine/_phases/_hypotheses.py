@@ -24,7 +24,7 @@ import attrs
 from .._canonical import artifact_json, sha256_hex
 from .._config import Config, HypothesisPolicy
 from .._gateway import parse_contracted_json
-from .._text import markdown_inert
+from .._text import markdown_code, markdown_inert
 from .._text import markdown_inline as _markdown_inline
 from ._case import CaseRecord, catalogue_for_prompt, read_case
 from ._interpretation import GROUNDED, confirmed, interpretation_problems
@@ -394,7 +394,8 @@ def render_hypotheses(case_id: str, revision: int, records: list[dict[str, Any]]
     """hypotheses.md: deterministic; every model string escaped inert (``legacy``: the
     weaker escaping of the first packages, which their audit accepts)."""
     markdown_inline = _markdown_inline if legacy else markdown_inert
-    lines = [f"# Hypotheses: {_markdown_inline(case_id)}, revision {revision}", "",
+    shown = _markdown_inline(case_id) if legacy else markdown_code(case_id)
+    lines = [f"# Hypotheses: {shown}, revision {revision}", "",
              "Untested, competing candidate causes, proposed from the confirmed "
              "interpretation. None is a confirmed root cause.", ""]
     for r in records:

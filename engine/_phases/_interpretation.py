@@ -20,7 +20,13 @@ import attrs
 from .._canonical import artifact_json, sha256_hex, utc_now_iso
 from .._config import Config, InterpretationLimits, InterpretationPolicy
 from .._gateway import parse_contracted_json
-from .._text import markdown_block, markdown_inert, markdown_inert_block, markdown_inline
+from .._text import (
+    markdown_block,
+    markdown_code,
+    markdown_inert,
+    markdown_inert_block,
+    markdown_inline,
+)
 from ._case import CaseRecord, catalogue_for_prompt, excerpts, human_texts, read_case
 from ._protocol import ERROR, DispatchRequest, Refusal, phase_dir
 from ._spec import Accepted, Problem, strict_attrs
@@ -259,8 +265,9 @@ def render_summary(case_id: str, revision: int, answer: Mapping[str, Any],
     weaker escaping the first packages were written with, which their audit accepts)."""
     inline = markdown_inline if legacy else markdown_inert
     block = markdown_block if legacy else markdown_inert_block
-    # The case id is ours (a validated id): only its "_" and "." need escaping.
-    lines = [f"# Case interpretation: {markdown_inline(case_id)}, revision {revision}", "",
+    # The case id is ours (a validated id), as code: a hex run in it is no commit link.
+    shown = markdown_inline(case_id) if legacy else markdown_code(case_id)
+    lines = [f"# Case interpretation: {shown}, revision {revision}", "",
              block(str(answer["summary"])), "", "## Statements", ""]
     for s in statements:
         sources = ", ".join(inline(x) for x in s["source_ids"]) or "none"

@@ -20,8 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 from .._errors import NotFound, PhaseRefused
+from .._text import markdown_code
 from .._text import markdown_inert as md_text
-from .._text import markdown_inline
 from ._history import history_problems
 from ._view import PackageView
 
@@ -104,7 +104,7 @@ def report_document(view: PackageView, revision: int | None = None) -> dict[str,
 def report_markdown(doc: dict[str, Any]) -> str:
     out: list[str] = []
     add = out.append
-    title = md_text(str(doc["title"])) if doc.get("title") else markdown_inline(doc["case_id"])
+    title = md_text(str(doc["title"])) if doc.get("title") else markdown_code(doc["case_id"])
     add(f"## Viano analysis: {title}")
     add("")
     interp = doc["interpretation"]
@@ -164,7 +164,7 @@ def report_markdown(doc: dict[str, Any]) -> str:
     add("---")
     add("")
     # Ids and hashes as code: GitHub would link a hex run that names one of its commits.
-    parts = [f"Viano report of case {markdown_inline(doc['case_id'])}",
+    parts = [f"Viano report of case {markdown_code(doc['case_id'])}",
              f"package `{t['package_id']}`", f"generation {t['package_generation']}",
              f"interpretation sha256 `{t['interpretation_sha256']}`"]
     if t.get("hypotheses_sha256"):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -131,7 +132,7 @@ class _Item:
     json_only: bool = False  # a line of a JSON Lines file is JSON, never text
 
 
-JSON_LINES = (".jsonl", ".ndjson", ".json")
+JSON_LINES = (".jsonl", ".ndjson")
 
 
 def _items(path: Path, limits: IntakeLimits) -> tuple[int, Iterator[_Item], list[dict[str, str]]]:
@@ -161,25 +162,29 @@ def _items(path: Path, limits: IntakeLimits) -> tuple[int, Iterator[_Item], list
                              "is read as JSON Lines, one report per line, and this one is "
                              "not named so", hint="Name it FILE.jsonl (or give a folder of "
                                                   "report files).")
-        return _count_lines(path), _lines(path, limits.max_report_bytes), []
+        return (_count_lines(path, limits.max_report_bytes), _lines(path, limits.max_report_bytes),
+                [])
     except PermissionError as exc:
         raise InputRejected(f"--batch {terminal_safe(str(path))}: cannot be read "
                             f"({exc.strerror})", reason="unreadable_input",
                             hint="Check that it is readable by you.") from exc
 
 
-def _count_lines(path: Path) -> int:
-    """Non-blank lines, in bounded memory (a line may be larger than the report limit)."""
-    count, content = 0, False
+def _count_lines(path: Path, limit: int) -> int:
+    """The lines :func:`_lines` yields (non-blank, or over ``limit``: refused), in bounded
+    memory (a line may be far larger than the limit)."""
+    count, content, length = 0, False, 0
     with path.open("rb") as f:
         while chunk := f.read(1 << 20):
             pieces = chunk.split(b"\n")
             for piece in pieces[:-1]:  # each of these ends a line
-                if content or piece.strip():
+                length += len(piece)
+                if content or piece.strip() or length > limit:
                     count += 1
-                content = False
+                content, length = False, 0
             content = content or bool(pieces[-1].strip())
-    return count + (1 if content else 0)
+            length += len(pieces[-1])
+    return count + (1 if content or length > limit else 0)
 
 
 def _lines(path: Path, limit: int) -> Iterator[_Item]:
@@ -274,8 +279,9 @@ def _prepare(item: _Item, limits: IntakeLimits, fmt: str | None,
     try:
         if item.refusal is not None:
             raise item.refusal
+        raw = item.raw if item.raw is not None else _read_entry(item, limits)
         return prepare_intake(item.path, (), case_id=None, limits=limits, report_format=fmt,
-                              report_bytes=item.raw, report_name=item.name,
+                              report_bytes=raw, report_name=item.name or item.path.name,
                               json_only=item.json_only)
     except RejectedInput as exc:
         done("refused", _refusal(item, exc))
@@ -285,6 +291,28 @@ def _prepare(item: _Item, limits: IntakeLimits, fmt: str | None,
             f"{item.label}: internal error ({type(exc).__name__}); nothing of it was written",
             reason="internal_error")))
     return None
+
+
+def _read_entry(item: _Item, limits: IntakeLimits) -> bytes:
+    """A folder entry's bytes, never through a link: the folder was listed a moment ago,
+    and whoever can write to it may have put a symbolic link (or a FIFO) in a file's place
+    since; O_NOFOLLOW refuses the link, fstat the rest."""
+    try:
+        fd = os.open(item.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        why = ("it became a symbolic link after the folder was listed"
+               if exc.errno == errno.ELOOP else exc.strerror or str(exc))
+        raise InputRejected(f"{item.label}: not read ({why})", reason="unreadable_input"
+                            ) from exc
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise InputRejected(f"{item.label}: not a regular file any more",
+                                reason="unreadable_input")
+        raw = f.read(limits.max_report_bytes + 1)
+    if len(raw) > limits.max_report_bytes:
+        raise InputRejected(f"{item.label}: larger than max_report_bytes="
+                            f"{limits.max_report_bytes}", reason="limit_exceeded")
+    return raw
 
 
 def _refusal(item: _Item, exc: VianoError, case_id: str | None = None) -> dict[str, Any]:

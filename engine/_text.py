@@ -77,9 +77,13 @@ def markdown_block(text: str) -> str:
 
 
 _WJ = "\u2060"
-# Jira wiki markup (!image!, {macro}, ^sup^, +under+, -strike-, ??cite??, emoticons such as
-# (x) and :) ), GitHub's math ($x$) and what GitHub starts blocks with.
-_JIRA = re.compile(r"([!{}^+=$?()-])")
+# Jira wiki markup (!image!, {macro}, ^sup^, +under+, -strike-, ??cite??), GitHub's math
+# ($x$) and what GitHub starts blocks with.
+_JIRA = re.compile(r"([!{}^+=$?-])")
+# Jira's emoticons, (x) (y) (on) (*r) (!) … and :) ;) :D :P, by the character that starts
+# them (all brackets escaped would make every "(I4)" read "\(I4\)").
+_EMOTICON = re.compile(r"(?i)\((?=(?:y|n|i|x|on|off|flag|flagoff|\*[rgby]?|\\?[/!+?*-])\))"
+                       r"|[:;](?=[()DPp])")
 _LINE_START = re.compile(r"^(\d+|h[1-6]|bq)([.)])", re.IGNORECASE)  # 1. / 1) / h1. / bq.
 # ASCII boundaries, not \b: "éabcdef1" is a commit id to a matcher that knows only ASCII.
 _LINKED = re.compile(r"(?i)(?<![0-9a-z])(?:gh-[0-9]+|[0-9a-f]{7,40})(?![0-9a-z])")
@@ -87,13 +91,15 @@ _LINKED = re.compile(r"(?i)(?<![0-9a-z])(?:gh-[0-9]+|[0-9a-f]{7,40})(?![0-9a-z])
 
 def _inert(segment: str) -> str:
     out = _JIRA.sub(r"\\\1", _md_line(segment, starts_line=False))
+    out = _EMOTICON.sub(lambda m: "\\" + m.group(), out)
     return out.replace("\\@", f"\\@{_WJ}").replace("\\#", f"\\#{_WJ}")
 
 
 def markdown_inert(text: str) -> str:
     """One line of untrusted text as Markdown that stays inert where it is posted, on
     GitHub or in Jira: :func:`markdown_inline`'s escapes, plus Jira wiki markup's
-    characters (``!image!``, ``{macro}``, ``-strike-``, ``+under+``, ``^sup^``) and a
+    characters (``!image!``, ``{macro}``, ``-strike-``, ``+under+``, ``^sup^``, the start of
+    an emoticon such as ``(x)`` or ``:)``) and a
     line-starting ``1.``/``h1.``, a word joiner after ``@`` and ``#`` (GitHub mentions and
     references are made after escapes are undone), and what GitHub links by itself
     (``GH-123``, 7 to 40 hex digits of a commit) as inline code, which it never links."""

@@ -34,6 +34,7 @@ HOSTILE = [
     "see GH-42, commit deadbeefcafe1234 and 1a2b3c4",
     "!image.png! {panel}x{panel} h1. head -strike- +under+ ^sup^ [text|http://x] ??cite??",
     "h1. a Jira heading",
+    "Jira emoticons (x) (y) (on) (!) :) ;) :D and math $x^2$ and a note (I4)",
 ]
 
 
@@ -61,7 +62,9 @@ def _assert_inert(md: str, case_id: str = "C-1") -> None:
     assert "\x1b" not in md and "\u202e" not in md
     # Jira wiki markup: every markup character is escaped (outside code spans).
     source = re.sub(r"`[^`]*`", "", md)
-    assert re.search(r"(?<!\\)[!{}^+]", source) is None, source
+    assert re.search(r"(?<!\\)[!{}^+$]", source) is None, source
+    assert re.search(r"(?i)(?<!\\)\((?:y|n|i|x|on|off)\)|(?<!\\)[:;][()DP]", source) is None, \
+        source
     assert re.search(r"(?im)^\s*(?:[-*]\s+)?h[1-6]\.", source) is None, source
 
 

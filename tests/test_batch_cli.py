@@ -208,8 +208,14 @@ class TestDaemon:
         assert kinds["step"] > 0 and kinds["result"] > 0, kinds  # every transition, logged
         rounds = [e for e in events if e.get("step") == "round"]
         assert rounds and all(e["provider"] == "loopback" and e["attempts"] for e in rounds)
-        providers = [e for e in events if e["event"] == "providers"][-1]["providers"]
+        last = [e for e in events if e["event"] == "providers"][-1]
+        providers = last["providers"]
         assert providers["loopback"]["answers"] > 0
+        # ... and the cases by phase and status, as `viano status --summary` gives them.
+        summary = json.loads(run_viano("status", "--summary", "--json", "--store", store,
+                                       env=env).stdout)
+        assert last["by_phase_and_status"] == summary["by_phase_and_status"]
+        assert last["cases"] == summary["cases"] == len(ids) + 1
         _one_batch_each(store, [*ids, "D-LATE"])
         hyp_calls = Counter(c["case_id"] for c in slow_provider.calls
                             if c["prompt_id"] == "hypotheses_v1")

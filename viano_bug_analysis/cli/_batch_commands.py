@@ -21,7 +21,7 @@ from typing import Any
 import trio
 
 from actors import CaseResult, Engine, log_event, worst_exit
-from engine import EXIT_INTERRUPTED, Config, UsageError
+from engine import EXIT_INTERRUPTED, Config, UsageError, VianoError
 
 from .._engine import open_engine
 from ._context import store_location
@@ -226,6 +226,7 @@ async def _daemon(args: argparse.Namespace, out: Output, config: Config) -> None
     """Until SIGTERM/SIGINT: the engine's serve loop, with its results printed (with
     ``--json``: one summary document when it stops)."""
     counts: Counter[str] = Counter()
+    final: dict[str, Any] = {}
     async with _stoppable() as (_stop, work):
         engine: Engine | None = None
         with work:
@@ -233,9 +234,13 @@ async def _daemon(args: argparse.Namespace, out: Output, config: Config) -> None
                                    concurrency=args.concurrency, create=False) as engine:
                 out.note(f"viano daemon: {store_location(args, config)}, concurrency "
                          f"{args.concurrency}; SIGTERM or Ctrl-C stops it")
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(_report_results, engine, out, counts)
-                    await engine.serve(poll_s=args.poll_s)
+                try:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(_report_results, engine, out, counts)
+                        await engine.serve(poll_s=args.poll_s)
+                finally:  # the store's counts as the daemon stops, while it is open
+                    with trio.CancelScope(shield=True):
+                        final = await _case_counts(engine)
         if engine is None:
             return
         while True:  # the results that arrived as it stopped count too
@@ -244,13 +249,13 @@ async def _daemon(args: argparse.Namespace, out: Output, config: Config) -> None
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 break
         in_flight = engine.in_flight
-        log_event(_providers_event(engine))
+        log_event(_providers_event(engine) | final)
         out.note(f"viano daemon stopped: {in_flight} case(s) were in flight; their "
                  "committed state is kept")
         if out.as_json:
             out.document({"summary": {"results_by_status": dict(sorted(counts.items())),
                                       "interrupted_in_flight": in_flight,
-                                      **_providers_event(engine)}})
+                                      **_providers_event(engine), **final}})
 
 
 PROVIDERS_EVERY_S = 30.0  # how often a daemon logs its providers' statistics
@@ -270,7 +275,20 @@ async def _report_results(engine: Engine, out: Output, counts: Counter[str]) -> 
                      f"{r.package_generation})")
         if trio.current_time() - last >= PROVIDERS_EVERY_S:
             last = trio.current_time()
-            log_event(_providers_event(engine))
+            log_event(_providers_event(engine) | await _case_counts(engine))
+
+
+async def _case_counts(engine: Engine) -> dict[str, Any]:
+    """The store's cases by phase and status (what ``viano status --summary`` shows), for
+    the ``providers`` event: one indexed GROUP BY, not a scan of the packages."""
+    try:
+        counts = await trio.to_thread.run_sync(engine.store.store.status_counts)
+    except VianoError:  # the store went away: the event carries what it has
+        return {}
+    by: dict[str, dict[str, int]] = {}
+    for (phase, status), n in sorted(counts.items()):
+        by.setdefault(phase, {})[status] = n
+    return {"cases": sum(counts.values()), "by_phase_and_status": by}
 
 
 def _providers_event(engine: Engine) -> dict[str, Any]:

@@ -92,7 +92,11 @@ def test_github_rest_shapes(tmp_path: Path) -> None:
     assert [(s["kind"], s["human"], s["origin"]["pointer"]) for s in _sources(combined)] == [
         ("report", True, "/issue/title"),  # body null: the title is the report's text
         ("comment", False, "/comments/0/body"),  # user.type Bot
-        ("comment", True, "/comments/1/body")]
+        ("comment", True, "/comments/1/body"),  # user null: a deleted account
+        ("comment", True, "/comments/2/body")]  # unicode and a traceback in a code block
+    ctx = _context(tmp_path / "s", combined["case_id"])["untrusted_case_data"]
+    assert "再現しました" in ctx["human_texts"][-1]["text"]
+    assert "OSError: [Errno 22] Invalid argument: 'ñ.txt'" in ctx["human_texts"][-1]["text"]
     alone = _intake(tmp_path / "t", REPORTS / "github_rest_issue.json")
     assert [s["origin"]["pointer"] for s in _sources(alone)] == ["/body"]
     ctx = _context(tmp_path / "t", alone["case_id"])["untrusted_case_data"]
@@ -107,8 +111,8 @@ def test_jira_v2_wiki_text_and_attachments_not_supplied(tmp_path: Path) -> None:
     sources = _sources(doc)
     assert [(s["kind"], s["human"]) for s in sources] == [
         ("report", True), ("comment", False), ("comment", True), ("comment", True),
-        ("attachment", False), ("attachment", False)]
-    assert sources[4] | {"source_id": "x"} == {
+        ("comment", True), ("attachment", False), ("attachment", False)]
+    assert sources[5] | {"source_id": "x"} == {
         "source_id": "x", "kind": "attachment", "human": False,
         "origin": {"input": "inputs/jira_v2.json", "pointer": "/fields/attachment/0"},
         "sha256": None, "size": 2048, "media_type": "text/plain", "name": "refund.log",
@@ -119,7 +123,9 @@ def test_jira_v2_wiki_text_and_attachments_not_supplied(tmp_path: Path) -> None:
     assert texts[0]["text"] == wiki and texts[0]["author"] == "Kenji Sato"
     assert texts[2]["author"] is None  # an anonymous comment
     skipped = {s["source_id"]: s["reason"] for s in ctx["excerpting"]["not_excerpted"]}
-    assert skipped["S5"] == skipped["S6"] == "not_supplied"
+    assert skipped["S6"] == skipped["S7"] == "not_supplied"
+    assert "Rounding necessary — ¥ 1 001" in texts[0]["text"] and len(texts[0]["text"]) > 20000
+    assert texts[3]["author"] == "Łukasz Żółć" and "{code}Caused by" in texts[3]["text"]
 
 
 EXPECTED_ADF = """## Steps
@@ -425,7 +431,7 @@ def test_credentials_in_issue_urls_are_not_recorded(tmp_path: Path) -> None:
 def test_the_model_sees_what_a_jira_attachment_is(tmp_path: Path) -> None:
     doc = _intake(tmp_path / "s", REPORTS / "jira_v2.json")
     catalogue = _context(tmp_path / "s", doc["case_id"])["untrusted_case_data"]["catalogue"]
-    assert catalogue[4]["name"] == "refund.log" and catalogue[4]["supplied"] is False
+    assert catalogue[5]["name"] == "refund.log" and catalogue[5]["supplied"] is False
     assert "name" not in catalogue[0]  # added only where a catalogue has it
 
 

@@ -137,6 +137,7 @@ class _Dispatch:
         self.s, self.spec, self.case_id = services, spec, case_id
         self.request, self.package_id = request, package_id
         self.fresh_intent: tuple[int, str] | None = None  # an intent just made durable
+        self._last: Snapshot | None = None  # the head of the step being planned (its errors)
 
     async def run(self) -> DispatchResult:
         for _ in range(MAX_STEPS):
@@ -170,8 +171,6 @@ class _Dispatch:
                 return done
         raise VianoError(f"the dispatch of {self.case_id!r} did not settle in {MAX_STEPS} "
                          "steps")
-
-    _last: Snapshot | None = None  # the head of the step being planned (for its errors)
 
     def _plan(self, now: float) -> tuple[Snapshot, Any, Any]:
         """On a worker thread: the head, the state it gives, the step, and that step's

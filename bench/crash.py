@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO))
 
 from bench._common import median, print_table, write_json  # noqa: E402
 from engine import open_backend  # noqa: E402
-from tests.batch_helpers import GENERIC_HYPOTHESES, GENERIC_INTERPRETATION  # noqa: E402
+from tests.batch_helpers import write_generic_answers  # noqa: E402
 
 VIANO = [sys.executable, "-c", "from viano_bug_analysis.cli import run; run()"]
 INTAKE_POINTS = ("blob.write", "blob.fsync", "blob.rename", "blob.dirsync",
@@ -77,10 +77,7 @@ def viano(*args: str | Path, env: dict[str, str] | None = None,
 
 class Provider:
     def __init__(self, tmp: Path, delay_ms: float):
-        answers = tmp / "answers"
-        answers.mkdir()
-        (answers / "interpretation_v1.json").write_text(GENERIC_INTERPRETATION)
-        (answers / "hypotheses_v1.json").write_text(GENERIC_HYPOTHESES)
+        answers = write_generic_answers(tmp / "answers")
         self.log = tmp / "calls.log"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.loopback", "--answers", str(answers), "--log",

@@ -46,7 +46,7 @@ from engine import (  # noqa: E402
     ProviderConfig,
     prepare_intake,
 )
-from tests.batch_helpers import GENERIC_HYPOTHESES, GENERIC_INTERPRETATION  # noqa: E402
+from tests.batch_helpers import write_generic_answers  # noqa: E402
 from viano_bug_analysis import open_engine  # noqa: E402
 
 CALLS_PER_CASE = 2  # interpretation and hypotheses
@@ -132,10 +132,7 @@ async def advance_all(store_root: Path, port: int, concurrency: int) -> dict[str
 
 
 def run_one(n: int, latency_ms: float, concurrency: int, tmp: Path) -> dict[str, Any]:
-    answers = tmp / "answers"
-    answers.mkdir(exist_ok=True)
-    (answers / "interpretation_v1.json").write_text(GENERIC_INTERPRETATION)
-    (answers / "hypotheses_v1.json").write_text(GENERIC_HYPOTHESES)
+    answers = write_generic_answers(tmp / "answers")
     store_root = tmp / f"store-{n}-{latency_ms:g}-{concurrency}"
     t0 = time.perf_counter()
     reports = tmp / f"in-{n}-{latency_ms:g}-{concurrency}"

@@ -53,6 +53,15 @@ GENERIC_HYPOTHESES = json.dumps({"hypotheses": [_hypothesis(1, ["I4", "I1"]),
                                                 _hypothesis(3, ["I5", "I6"])]})
 
 
+def write_generic_answers(folder: Path) -> Path:
+    """``folder`` (made if needed) holding the generic answers as the loopback server's
+    ``--answers`` reads them: ``<prompt_id>.json`` answers that prompt for any case."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "interpretation_v1.json").write_text(GENERIC_INTERPRETATION)
+    (folder / "hypotheses_v1.json").write_text(GENERIC_HYPOTHESES)
+    return folder
+
+
 def batch_config(providers: list[Any], *, auto_confirm: bool = True, max_rounds: int = 10,
                  base_delay_s: float = 30.0,
                  hypotheses: HypothesisPolicy | None = None) -> Config:

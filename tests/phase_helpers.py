@@ -191,3 +191,16 @@ def json_edit(change: Callable[[dict[str, Any], Callable[[str], str]], None]) ->
         change(doc, sha_of)
         return artifact_json(doc)
     return edit
+
+
+def completed_sample_store(root: Path) -> Path:
+    """A store at ``root`` holding the sample case through both phases, as ``viano demo``
+    makes it (bundled fixture provider)."""
+    import trio
+
+    from viano_bug_analysis.cli._demo import _run
+
+    config = attrs.evolve(Config.defaults(), providers=(fixture_provider(),))
+    results, _ = trio.run(_run, str(root), config)
+    assert [r.status for r in results] == ["COMPLETED", "COMPLETED"]
+    return root

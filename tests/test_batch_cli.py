@@ -19,7 +19,7 @@ import pytest
 
 from actors import open_store
 from engine import IntakeLimits, prepare_intake
-from tests.batch_helpers import GENERIC_HYPOTHESES, GENERIC_INTERPRETATION
+from tests.batch_helpers import write_generic_answers
 from tests.conftest import PYTHON, REPO, child_env, run_viano
 from tests.loopback.process import Provider
 from tests.store_helpers import open_ro
@@ -30,11 +30,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def answers(tmp_path: Path) -> Path:
-    d = tmp_path / "answers"
-    d.mkdir()
-    (d / "interpretation_v1.json").write_text(GENERIC_INTERPRETATION)
-    (d / "hypotheses_v1.json").write_text(GENERIC_HYPOTHESES)
-    return d
+    return write_generic_answers(tmp_path / "answers")
 
 
 @pytest.fixture

@@ -6,24 +6,16 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import attrs
 import pytest
-import trio
 
 from bench.crash import check
-from engine import Config, ProviderConfig
+from tests.phase_helpers import completed_sample_store
 from viano_bug_analysis import bundled_sample
-from viano_bug_analysis.cli._demo import _run
 
 
 @pytest.fixture(scope="module")
 def completed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("crash") / "store"
-    config = attrs.evolve(Config.defaults(), providers=(
-        ProviderConfig(name="f", kind="fixture", path=str(bundled_sample() / "fixtures")),))
-    results, _ = trio.run(_run, str(root), config)
-    assert [r.status for r in results] == ["COMPLETED", "COMPLETED"]
-    return root
+    return completed_sample_store(tmp_path_factory.mktemp("crash") / "store")
 
 
 def _originals() -> dict[str, bytes]:

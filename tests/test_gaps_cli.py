@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.batch_helpers import GENERIC_HYPOTHESES, GENERIC_INTERPRETATION
+from tests.batch_helpers import write_generic_answers
 from tests.conftest import Cli, child_env, run_viano
 from tests.loopback.process import Provider, start_provider
 from tests.loopback.server import dead_port
@@ -40,11 +40,7 @@ def answers(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def generic_answers(tmp_path: Path) -> Path:
-    d = tmp_path / "generic"
-    d.mkdir()
-    (d / "interpretation_v1.json").write_text(GENERIC_INTERPRETATION)
-    (d / "hypotheses_v1.json").write_text(GENERIC_HYPOTHESES)
-    return d
+    return write_generic_answers(tmp_path / "generic")
 
 
 _PROVIDERS: list[Provider] = []

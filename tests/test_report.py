@@ -8,17 +8,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-import attrs
 import cmarkgfm
 import pytest
-import trio
 from cmarkgfm.cmark import Options
 
-from engine import Config, ProviderConfig, report_markdown
+from engine import report_markdown
 from engine._text import markdown_inert as md_text
 from tests.conftest import make_readonly, make_writable, run_viano
-from viano_bug_analysis import bundled_sample
-from viano_bug_analysis.cli._demo import _run
+from tests.phase_helpers import completed_sample_store
 
 HOSTILE = [
     "see [click](https://evil.example/x) and ![img](https://evil.example/i.png)",
@@ -101,12 +98,7 @@ def test_a_whole_report_of_hostile_text_is_inert() -> None:
 
 @pytest.fixture(scope="module")
 def completed_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("report") / "store"
-    config = attrs.evolve(Config.defaults(), providers=(
-        ProviderConfig(name="f", kind="fixture", path=str(bundled_sample() / "fixtures")),))
-    results, _ = trio.run(_run, str(root), config)
-    assert [r.status for r in results] == ["COMPLETED", "COMPLETED"]
-    return root
+    return completed_sample_store(tmp_path_factory.mktemp("report") / "store")
 
 
 def test_the_report_of_a_completed_case(completed_store: Path) -> None:

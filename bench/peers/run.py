@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 from bench._common import median, print_table, write_json  # noqa: E402
 from bench.store import raw_commit_rate  # noqa: E402
 from bench.throughput import run_one, start_server  # noqa: E402
-from tests.batch_helpers import GENERIC_HYPOTHESES, GENERIC_INTERPRETATION  # noqa: E402
+from tests.batch_helpers import write_generic_answers  # noqa: E402
 
 GOAL_X_DBOS = 10.0
 GOAL_X_LITELLM = 10.0
@@ -59,10 +59,7 @@ def fsync_rate(root: Path, seconds: float = 1.0) -> float:
 def dbos_run(n: int, latency_ms: float, concurrency: int, tmp: Path) -> dict[str, Any] | None:
     if importlib.util.find_spec("dbos") is None:
         return None
-    answers = tmp / "answers"
-    answers.mkdir(exist_ok=True)
-    (answers / "interpretation_v1.json").write_text(GENERIC_INTERPRETATION)
-    (answers / "hypotheses_v1.json").write_text(GENERIC_HYPOTHESES)
+    answers = write_generic_answers(tmp / "answers")
     proc, port = start_server(latency_ms, answers)
     db = tmp / f"dbos-{n}-{latency_ms:g}-{concurrency}.sqlite"
     try:

@@ -145,7 +145,10 @@ def _items(path: Path, limits: IntakeLimits) -> tuple[int, Iterator[_Item], list
             files: list[Path] = []
             skipped: list[dict[str, str]] = []
             for p in sorted(path.iterdir(), key=lambda p: os.fsencode(p.name)):
-                st = p.lstat()
+                try:
+                    st = p.lstat()
+                except FileNotFoundError:  # removed while the folder was listed
+                    continue
                 why = ("hidden" if p.name.startswith(".") else "symbolic_link"
                        if stat.S_ISLNK(st.st_mode) else "folder" if stat.S_ISDIR(st.st_mode)
                        else None if stat.S_ISREG(st.st_mode) else "not_a_regular_file")

@@ -107,7 +107,7 @@ async def dispatch_phase(services: PhaseServices, spec: PhaseSpec, case_id: str,
     """One dispatch of ``spec`` for ``case_id``: as far as the phase can go now, holding
     the case's lease (busy: DEFERRED ``locked``)."""
     try:
-        with services.store.lease(case_id):
+        async with services.store.lease(case_id):
             return await run_phase(services, spec, case_id, request, package_id=package_id)
     except CaseLocked as exc:
         return await locked_result(services, spec, case_id, request, exc)
@@ -279,7 +279,7 @@ async def case_operation(store: StoreHandle, case_id: str,
     """A case operation (confirm, reopen, unblock) under the case's lease: ``make`` builds
     the change from the head (on a worker thread), and it is published on top of exactly
     that head. ``None`` when there is nothing to do."""
-    with store.lease(case_id):
+    async with store.lease(case_id):
         _ref, snap, made = await store.head_with(case_id, lambda snap: make(view_of(snap)))
         if made is None:
             return None

@@ -56,9 +56,9 @@ class Passes:
         now = self.clock.now()  # read here: a TrioClock needs the trio thread
         confirm = self.config.interpretation.auto_confirm
         refs = await trio.to_thread.run_sync(
-            lambda: self.store.store.due_cases(now, limit + len(left_out),
+            lambda: self.store.store.claim_due(now, limit, skip=left_out,
                                                awaiting_confirmation=confirm))
-        return [r.case_id for r in refs if r.case_id not in left_out][:limit]
+        return [r.case_id for r in refs]
 
     async def run_until_idle(self, cases: Sequence[str] | None = None, *,
                              on_result: Callable[[CaseResult], None] | None = None,

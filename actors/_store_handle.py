@@ -15,8 +15,8 @@ only (by the hashes it lists, so two reads can never see two generations), and
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import attrs
@@ -36,6 +36,7 @@ from engine import (
     StatusRequest,
     StorageError,
     Store,
+    StoreConfig,
     VianoError,
     loads_untrusted,
     new_package_id,
@@ -85,23 +86,41 @@ class StoreHandle:
     async def publish(self, request: PublishRequest) -> Published:
         return await self.submit(request)
 
-    @contextmanager
-    def lease(self, case_id: str) -> Iterator[None]:
-        """Hold the case's lease for the ``with`` block (non-blocking: busy raises
-        ``CaseLocked`` at once). A case actor holds it for a whole dispatch."""
-        with self.store.lease(case_id):
+    @asynccontextmanager
+    async def lease(self, case_id: str) -> AsyncIterator[None]:
+        """Hold the case's lease for the ``async with`` block (non-blocking: busy raises
+        ``CaseLocked`` at once). A case actor holds it for a whole dispatch. A backend
+        whose leases are network round trips takes and gives them back on a worker
+        thread (the release shielded: a cancelled dispatch still gives its lease back);
+        a local ``flock`` is taken here, without a thread hop."""
+        held = self.store.lease(case_id)
+        if not self.store.leases_block:
+            with held:
+                yield
+            return
+        await trio.to_thread.run_sync(held.__enter__)
+        try:
             yield
+        except BaseException as exc:
+            with trio.CancelScope(shield=True):
+                swallowed = await trio.to_thread.run_sync(
+                    held.__exit__, type(exc), exc, exc.__traceback__)
+            if not swallowed:
+                raise
+        else:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(held.__exit__, None, None, None)
 
     async def intake(self, plan: IntakePlan) -> Published:
         """Create a case from a prepared intake, holding its lease while publishing."""
-        with self.lease(plan.case_id):
+        async with self.lease(plan.case_id):
             return await self.publish(PublishRequest(
                 package_id=new_package_id(), case_id=plan.case_id, expected_generation=None,
                 change=plan.change, status=CaseStatus(status="READY", phase=plan.change.phase
                                                       or "INTAKE", reason="intake")))
 
     async def import_package(self, request: ImportRequest) -> Published:
-        with self.lease(request.case_id):
+        async with self.lease(request.case_id):
             return await self.submit(request)
 
     async def case(self, case_id: str) -> CaseRef:
@@ -190,14 +209,18 @@ class Snapshot:
 @asynccontextmanager
 async def open_store(location: str | os.PathLike[str], *, create: bool = True,
                      group_commit: bool = True, max_batch: int = 1024,
-                     inline_threshold: int | None = None) -> AsyncIterator[StoreHandle]:
+                     inline_threshold: int | None = None,
+                     settings: StoreConfig | None = None) -> AsyncIterator[StoreHandle]:
     """Open (creating if needed, unless ``create`` is false) the store at ``location`` and
     run its publisher.
 
     On exit the mailbox is closed and the publisher drains what is already queued before
     the store closes; on cancellation a commit in progress still finishes (shielded).
     """
-    kw = {} if inline_threshold is None else {"inline_threshold": inline_threshold}
+    kw: dict[str, Any] = {} if inline_threshold is None else {
+        "inline_threshold": inline_threshold}
+    if settings is not None:
+        kw.update(blob_root=settings.blob_root, lease_s=settings.lease_s)
     store = await trio.to_thread.run_sync(lambda: open_backend(location, write=True,
                                                                create=create, **kw))
     stats = PublisherStats()

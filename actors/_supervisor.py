@@ -284,7 +284,7 @@ class Engine(Passes):
                 ref.generation, "default"))
         interpretation = self.request("interpretation")
         try:
-            with self.store.lease(case_id):
+            async with self.store.lease(case_id):
                 first = await run_phase(self.services, INTERPRETATION, case_id, interpretation)
                 if first.status != COMPLETED:
                     return await self._settled(CaseResult(case_id, first))

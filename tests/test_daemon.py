@@ -154,7 +154,7 @@ class TestServe:
 
             async def hold(engine: Engine) -> None:
                 await intake_many(engine, tmp_path, ["HELD-1", *others])
-                held.enter_context(engine.store.lease("HELD-1"))
+                held.enter_context(engine.store.store.lease("HELD-1"))
 
             engine = await _serving(nursery, tmp_path, server, hold, concurrency=4)
             start = trio.current_time()
@@ -232,7 +232,7 @@ class TestNothingSpinsNothingStarves:
         async def hold(engine: Engine) -> None:
             await intake_many(engine, tmp_path, held_ids + free_ids)
             for case_id in held_ids:
-                leases.enter_context(engine.store.lease(case_id))
+                leases.enter_context(engine.store.store.lease(case_id))
 
         async with trio.open_nursery() as nursery:
             server = await _server(nursery)

@@ -33,7 +33,7 @@ async def open_engine(*, store: str | os.PathLike[str], config: Config | None = 
     (``NotFound`` no_store) instead of creating it."""
     config = config or Config.resolve(None)
     async with open_gateway(config.providers, config.gateway, environ=environ) as gateway, \
-            open_store(store, create=create) as handle, \
+            open_store(store, create=create, settings=config.store) as handle, \
             open_engine_on(handle, gateway, config, concurrency=concurrency,
                            clock=clock) as engine:
         yield engine

@@ -1,6 +1,7 @@
 """The store: the interface, the SQLite backend, blobs, manifests, leases, verify, gc."""
 
 from ._blobs import BlobFiles as BlobFiles
+from ._common import INLINE_THRESHOLD as INLINE_THRESHOLD
 from ._crash import CRASH_POINTS as CRASH_POINTS
 from ._crash import SimulatedCrash as SimulatedCrash
 from ._crash import arm_crash_point as arm_crash_point
@@ -38,7 +39,6 @@ from ._sources import BlobSource as BlobSource
 from ._sources import BytesSource as BytesSource
 from ._sources import FileSource as FileSource
 from ._sources import ZipMemberSource as ZipMemberSource
-from ._sqlite import INLINE_THRESHOLD as INLINE_THRESHOLD
 from ._sqlite import SqliteStore as SqliteStore
 from ._verify import PackageCheck as PackageCheck
 from ._verify import VerifyReport as VerifyReport

@@ -1,22 +1,25 @@
-"""Choosing a backend from a store location: a folder path is the embedded SQLite store.
-``postgresql://…`` names the multi-host backend, which is not part of this build yet."""
+"""Choosing a backend from a store location: a folder path is the embedded SQLite store;
+``postgresql://…`` (or ``postgres://…``) is the multi-host PostgreSQL store, whose large
+blobs live under ``blob_root`` (``[store] blob_root``)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from .._errors import NotAStore
+from ._common import INLINE_THRESHOLD
+from ._postgres import LEASE_S, PostgresStore, is_postgres_url
 from ._protocol import Store
-from ._sqlite import INLINE_THRESHOLD, SqliteStore
+from ._sqlite import SqliteStore
 
 
 def open_backend(location: str | os.PathLike[str], *, write: bool, create: bool = True,
-                 inline_threshold: int = INLINE_THRESHOLD) -> Store:
+                 inline_threshold: int = INLINE_THRESHOLD, blob_root: str | None = None,
+                 lease_s: float = LEASE_S) -> Store:
     text = os.fspath(location)
-    if text.startswith(("postgresql://", "postgres://")):
-        raise NotAStore("the PostgreSQL store backend is not available in this build",
-                        reason="store_unavailable",
-                        hint="Use a folder path for --store (the embedded SQLite store).")
+    if is_postgres_url(text):
+        return PostgresStore.open(text, write=write, create=create,
+                                  inline_threshold=inline_threshold, blob_root=blob_root,
+                                  lease_s=lease_s)
     return SqliteStore.open(Path(text), write=write, create=create,
                             inline_threshold=inline_threshold)

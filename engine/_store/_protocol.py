@@ -8,7 +8,7 @@ upkeep (SQLite's WAL checkpoints, a pool's connections) to itself.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -68,6 +68,8 @@ class Store(Protocol):
     def writable(self) -> bool: ...
     @property
     def blob_files(self) -> BlobStorage: ...
+    # Whether taking or giving back a lease waits on the network (run it on a thread).
+    leases_block: bool
 
     # -- writing (the publisher's worker thread; read-only stores refuse) -------------
     def commit_batch(self, requests: Sequence[Request]) -> list[Outcome]: ...
@@ -88,6 +90,13 @@ class Store(Protocol):
     def open_blob(self, sha256: str) -> BinaryIO: ...
     def due_cases(self, now: float, limit: int, *, awaiting_confirmation: bool = False
                   ) -> list[CaseRef]: ...
+    def claim_due(self, now: float, limit: int, *, skip: Collection[str] = (),
+                  awaiting_confirmation: bool = False) -> list[CaseRef]:
+        """Up to ``limit`` due cases (not in ``skip``) for this worker to dispatch. A
+        backend shared by many workers hands each due case to one of them (a lease taken
+        here, which the case actor's :meth:`lease` then holds); one whose leases are
+        process-local returns :meth:`due_cases`."""
+        ...
     def status_counts(self) -> dict[tuple[str, str], int]: ...
     def index_problems(self) -> list[str]: ...
     def stats(self) -> StoreStats: ...

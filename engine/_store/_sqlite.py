@@ -21,7 +21,6 @@ thread; readers use one connection per thread.
 from __future__ import annotations
 
 import fcntl
-import functools
 import hashlib
 import io
 import logging
@@ -29,32 +28,43 @@ import os
 import sqlite3
 import threading
 import uuid
-import zipfile
-import zlib
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO, Concatenate, ParamSpec, TypeVar
+from typing import Any, BinaryIO
 from urllib.parse import quote
 
 from .._canonical import utc_now_iso
-from .._errors import ChangeRejected, InputRejected, NotAStore, NotFound, StorageError, VianoError
+from .._errors import NotAStore, NotFound, StorageError, VianoError
 from .._ids import validate_case_id
-from ._blobs import BlobFiles, fsync_dir, input_changed, verified_stream
+from ._blobs import BlobFiles, fsync_dir, verified_stream
+from ._common import (
+    AWAITING_WHERE,
+    DUE_WHERE,
+    INLINE_THRESHOLD,
+    REF_COLUMNS,
+    Gate,
+    Large,
+    ManifestCache,
+    check_generation,
+    chunks,
+    guarded,
+    parse_stored_manifest,
+    prepare_blobs,
+    recheck_files,
+    ref_from_row,
+    ref_row,
+    referenced_hashes,
+)
 from ._crash import crash_point
 from ._lock import flock_lease
 from ._manifest import Manifest
 from ._plan import BatchRows, GenerationRow, Head, PlanInput, plan_batch
 from ._protocol import BlobInfo, CaseRef, StoreStats
-from ._requests import CaseStatus, ImportRequest, Outcome, PublishRequest, Request
-from ._sources import BlobSource, read_verified
+from ._requests import ImportRequest, Outcome, Request
 from ._sqlite_schema import CURRENT_VERSION, create_current, migrate, parse_version
 from ._wal import Checkpointer
 
-# Blobs up to this size live inside SQLite; larger ones are fsynced files. Measured by
-# bench/blob_threshold.py on these machines: see the README's benchmark section.
-INLINE_THRESHOLD = 256 * 1024
 PAGE_SIZE = 32 * 1024
 WAL_SIZE_LIMIT = 64 * 1024 * 1024
 CACHE_KIB = 65536  # the writer's; the 2 MiB default holds only 62 pages of 32 KiB
@@ -62,17 +72,10 @@ CACHE_KIB = 65536  # the writer's; the 2 MiB default holds only 62 pages of 32 K
 # threads: 64 MiB each grew a 512-case batch to 600 MB (bench/throughput.py). Readers get
 # a small cache; the OS page cache already holds what they read.
 READER_CACHE_KIB = 4096
-# Parsed manifests kept for the heads in use (a publication needs its parent's): enough for
-# every case in flight at the largest concurrency measured; a manifest of a few hundred
-# files is tens of KiB parsed.
-MANIFEST_CACHE = 1024
 DB_NAME = "store.sqlite3"
 ID_NAME = "store-id"
 _STORE_ENTRIES = frozenset({DB_NAME, ID_NAME, "blobs", "locks", f"{DB_NAME}-wal",
                             f"{DB_NAME}-shm"})
-_REF_COLUMNS = ("case_id, package_id, generation, phase, analysis_revision, updated_at, "
-                "status, status_phase, reason, round, max_rounds, due_at, attempt_id, "
-                "calls_started")
 log = logging.getLogger("viano.store")
 
 
@@ -82,60 +85,11 @@ def _blob_ok(key: bytes, data: bytes | None) -> int:
     return int(data is not None and hashlib.sha256(data).digest() == key)
 
 
-class _Gate:
-    """Counts the operations in progress on a store's connections; ``close`` waits for
-    them and refuses new ones."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self._cond = threading.Condition()
-        self._active = 0
-        self._closed = False
-        self._mine = threading.local()  # this thread's depth of nested uses
-
-    @contextmanager
-    def use(self) -> Iterator[None]:
-        depth = getattr(self._mine, "depth", 0)
-        with self._cond:
-            if self._closed and depth == 0:  # a thread already inside may finish its work
-                raise StorageError(f"the store at {self.root} is closed",
-                                   reason="store_unavailable",
-                                   hint="Open it again (a handle is not used after its "
-                                        "block ends).")
-            self._active += 1
-        self._mine.depth = depth + 1
-        try:
-            yield
-        finally:
-            self._mine.depth = depth
-            with self._cond:
-                self._active -= 1
-                self._cond.notify_all()
-
-    def close(self, timeout_s: float = 60.0) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.wait_for(lambda: self._active == 0, timeout_s)
-
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-
-def _guarded(method: Callable[Concatenate[SqliteStore, _P], _R]
-             ) -> Callable[Concatenate[SqliteStore, _P], _R]:
-    """The method runs inside the store's gate (see :class:`_Gate`)."""
-    @functools.wraps(method)
-    def wrapper(self: SqliteStore, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        with self._gate.use():
-            return method(self, *args, **kwargs)
-    return wrapper
-
-
 class SqliteStore:
     """One store folder: ``store.sqlite3``, ``store-id``, ``blobs/``, ``locks/``."""
 
     kind = "sqlite"
+    leases_block = False  # flock on a local file
 
     def __init__(self, root: Path, *, writable: bool, version: int,
                  inline_threshold: int = INLINE_THRESHOLD, immutable: bool = False):
@@ -152,10 +106,9 @@ class SqliteStore:
         self._writer: sqlite3.Connection | None = None
         self._commit_lock = threading.Lock()
         self._checkpointer = Checkpointer(self._connect_writer, self._commit_lock)
-        self._cache: OrderedDict[tuple[str, int], Manifest] = OrderedDict()
-        self._cache_lock = threading.Lock()
+        self._cache = ManifestCache()
         self._transactions = self._requests = self._bytes = 0
-        self._gate = _Gate(root)
+        self._gate = Gate(str(root))
 
     # -- opening ---------------------------------------------------------------------
 
@@ -230,7 +183,7 @@ class SqliteStore:
 
     # -- writing ---------------------------------------------------------------------
 
-    @_guarded
+    @guarded
     def commit_batch(self, requests: Sequence[Request]) -> list[Outcome]:
         """Commit every acceptable request of the batch in one transaction.
 
@@ -240,14 +193,15 @@ class SqliteStore:
         conn = self.writer
         refused: list[VianoError | None] = [None] * len(requests)
         inline: dict[str, bytes] = {}
-        large: dict[str, list[tuple[int, BlobSource]]] = {}
+        large: Large = {}
         for i, req in enumerate(requests):
-            refused[i] = self._prepare(req, inline, large, i)
+            refused[i] = prepare_blobs(self._blob_files, self.inline_threshold, req, inline,
+                                       large, i)
         crash_point("batch.blobs_ready")
         with self._commit_lock, _translate("commit a batch"):
             conn.execute("BEGIN IMMEDIATE")
             try:
-                self._recheck_files(large, refused)
+                recheck_files(self._blob_files, large, refused)
                 rows = plan_batch(self._plan_input(conn, requests, refused, inline))
                 self._write(conn, rows)
                 crash_point("txn.before_commit")
@@ -261,62 +215,9 @@ class SqliteStore:
         self._bytes += rows.bytes_written
         crash_point("txn.after_commit")
         for manifest in rows.new_manifests:
-            self._remember(manifest)
+            self._cache.put(manifest)
         self._checkpointer.committed(rows.bytes_written)
         return rows.outcomes
-
-    def _prepare(self, req: Request, inline: dict[str, bytes],
-                 large: dict[str, list[tuple[int, BlobSource]]], i: int) -> VianoError | None:
-        """Write the large blobs of one request and read its small ones, hashing the bytes
-        that will be stored. Returns the refusal of this request, if any."""
-        if isinstance(req, PublishRequest):
-            sources: Sequence[BlobSource] = list(req.change.files.values())
-        elif isinstance(req, ImportRequest):
-            sources = list(req.blobs.values())
-        else:
-            return None
-        try:
-            for source in sources:
-                if source.size > self.inline_threshold:
-                    if source.sha256 not in large:
-                        self._blob_files.write(source)
-                    large.setdefault(source.sha256, []).append((i, source))
-                elif source.sha256 not in inline:
-                    data = read_verified(source)
-                    if data is None:
-                        return input_changed(source)
-                    inline[source.sha256] = data
-        except VianoError as exc:
-            return exc
-        except PermissionError as exc:
-            return InputRejected(f"cannot read an input while storing it: "
-                                 f"{exc.strerror or exc}", reason="unreadable_input",
-                                 hint="Check that the input files are readable and run the "
-                                      "command again.")
-        except (OSError, EOFError, ValueError, RuntimeError, zipfile.BadZipFile,
-                zlib.error) as exc:
-            # The source is not what was validated any more (a file or export replaced).
-            return InputRejected(f"an input could not be read as it was validated "
-                                 f"({type(exc).__name__}); nothing of this request was "
-                                 "written", reason="input_changed",
-                                 hint="Do not modify input files while Viano reads them; "
-                                      "run the command again.")
-        return None
-
-    def _recheck_files(self, large: dict[str, list[tuple[int, BlobSource]]],
-                       refused: list[VianoError | None]) -> None:
-        """gc protocol, step 2: under the write lock, every file this batch references is
-        in place; one that gc removed since it was written is written again here."""
-        for sha, users in large.items():
-            live = [(i, s) for i, s in users if refused[i] is None]
-            if not live or self._blob_files.exists(sha, live[0][1].size):
-                continue
-            for i, source in live:
-                try:
-                    self._blob_files.write(source)
-                    break
-                except (VianoError, OSError) as exc:
-                    refused[i] = exc if isinstance(exc, VianoError) else input_changed(source)
 
     def _plan_input(self, conn: sqlite3.Connection, requests: Sequence[Request],
                     refused: list[VianoError | None], inline: dict[str, bytes]) -> PlanInput:
@@ -324,13 +225,13 @@ class SqliteStore:
         cases = sorted({r.case_id for r in requests})
         heads: dict[str, Head] = {}
         owners: dict[str, str] = {}
-        for chunk in _chunks(pkgs, 500):
+        for chunk in chunks(pkgs, 500):
             marks = ",".join("?" * len(chunk))
-            for row in conn.execute(f"SELECT {_REF_COLUMNS} FROM refs WHERE package_id IN "
+            for row in conn.execute(f"SELECT {REF_COLUMNS} FROM refs WHERE package_id IN "
                                     f"({marks})", chunk):
-                ref = _ref(row)
+                ref = ref_from_row(row)
                 heads[ref.package_id] = Head(ref.case_id, ref.generation, ref.status)
-        for chunk in _chunks(cases, 500):
+        for chunk in chunks(cases, 500):
             marks = ",".join("?" * len(chunk))
             for case, pkg in conn.execute(
                     f"SELECT case_id, package_id FROM refs WHERE case_id IN ({marks})", chunk):
@@ -377,7 +278,7 @@ class SqliteStore:
             "status_phase=excluded.status_phase, reason=excluded.reason, "
             "round=excluded.round, max_rounds=excluded.max_rounds, due_at=excluded.due_at, "
             "attempt_id=excluded.attempt_id, calls_started=excluded.calls_started",
-            [_ref_row(r.package_id, r.case_id, r.generation, r.phase, r.analysis_revision,
+            [ref_row(r.package_id, r.case_id, r.generation, r.phase, r.analysis_revision,
                       r.updated_at, r.status) for r in rows.refs.values()])
 
     # -- leases and maintenance --------------------------------------------------------
@@ -405,7 +306,7 @@ class SqliteStore:
                 conn.execute("ROLLBACK")
                 raise
 
-    @_guarded
+    @guarded
     def index_problems(self) -> list[str]:
         """What makes the index unfit to judge the blobs by (verify and gc refuse then)."""
         with _translate("inspect the index"):
@@ -426,7 +327,7 @@ class SqliteStore:
                             "them (store-id)")
         return problems
 
-    @_guarded
+    @guarded
     def _meta_id(self) -> str | None:
         try:
             row = self.reader.execute("SELECT value FROM meta WHERE key='store_id'").fetchone()
@@ -450,12 +351,12 @@ class SqliteStore:
 
     # -- reading ---------------------------------------------------------------------
 
-    @_guarded
+    @guarded
     def _select_refs(self, where: str = "", args: Sequence[Any] = ()) -> list[CaseRef]:
-        cols = _REF_COLUMNS if self.version >= 2 else _REF_COLUMNS.split(", status,")[0]
+        cols = REF_COLUMNS if self.version >= 2 else REF_COLUMNS.split(", status,")[0]
         with _translate("read the case index"):
             rows = self.reader.execute(f"SELECT {cols} FROM refs {where}", args).fetchall()
-        return [_ref(r) for r in rows]
+        return [ref_from_row(r) for r in rows]
 
     def list_cases(self) -> list[CaseRef]:
         return self._select_refs("ORDER BY case_id")
@@ -482,7 +383,7 @@ class SqliteStore:
                 with _translate("read the store"):
                     conn.execute("COMMIT")
 
-    @_guarded
+    @guarded
     def head(self, case_id: str) -> tuple[CaseRef, Manifest]:
         """The case's index row and its head manifest, read in one read transaction (so
         the status belongs to that generation)."""
@@ -501,14 +402,21 @@ class SqliteStore:
         count as due now."""
         if self.version < 2:
             return self._select_refs("ORDER BY case_id LIMIT ?", (limit,))
-        extra = (" OR (status='COMPLETED' AND reason='awaiting_confirmation')"
-                 if awaiting_confirmation else "")
+        extra = AWAITING_WHERE if awaiting_confirmation else ""
         return self._select_refs(
-            f"WHERE status IN ('READY', 'RUNNING') OR (status='RETRY_PENDING' AND due_at <= ?)"
-            f"{extra} "
+            f"WHERE {DUE_WHERE.format(now='?')}{extra} "
             "ORDER BY COALESCE(due_at, ?), case_id LIMIT ?", (now, now, limit))
 
-    @_guarded
+    def claim_due(self, now: float, limit: int, *, skip: Collection[str] = (),
+                  awaiting_confirmation: bool = False) -> list[CaseRef]:
+        """The due cases not in ``skip``: the case lease (``flock``) is taken at dispatch,
+        and a case held by another process costs a DEFERRED ``locked`` there."""
+        left_out = set(skip)
+        refs = self.due_cases(now, limit + len(left_out),
+                              awaiting_confirmation=awaiting_confirmation)
+        return [r for r in refs if r.case_id not in left_out][:limit]
+
+    @guarded
     def next_due(self) -> float | None:
         """The earliest due time of a RETRY_PENDING case, if any."""
         if self.version < 2:
@@ -518,7 +426,7 @@ class SqliteStore:
                                       "status='RETRY_PENDING'").fetchone()
         return None if row[0] is None else float(row[0])
 
-    @_guarded
+    @guarded
     def status_counts(self) -> dict[tuple[str, str], int]:
         if self.version < 2:
             sql = "SELECT phase, 'READY', COUNT(*) FROM refs GROUP BY phase"
@@ -527,14 +435,14 @@ class SqliteStore:
         with _translate("count cases"):
             return {(p, s): n for p, s, n in self.reader.execute(sql)}
 
-    @_guarded
+    @guarded
     def package_ids(self) -> list[str]:
         with _translate("list packages"):
             rows = self.reader.execute(
                 "SELECT DISTINCT package_id FROM generations ORDER BY package_id").fetchall()
         return [r[0] for r in rows]
 
-    @_guarded
+    @guarded
     def generations(self, package_id: str) -> list[GenerationRow]:
         with _translate("read generations"):
             rows = self.reader.execute(
@@ -543,7 +451,7 @@ class SqliteStore:
                 (package_id,)).fetchall()
         return [GenerationRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6]) for r in rows]
 
-    @_guarded
+    @guarded
     def manifest(self, package_id: str, generation: int) -> Manifest:
         """Generation ``generation`` of a package, its bytes checked against their hash."""
         return self._manifest(self.reader, package_id, generation)
@@ -551,48 +459,27 @@ class SqliteStore:
     def _manifest(self, conn: sqlite3.Connection, package_id: str, generation: int
                   ) -> Manifest:
         key = (package_id, generation)
-        with self._cache_lock:
-            cached = self._cache.get(key)
+        cached = self._cache.get(key)
         if cached is not None:
             return cached
-        if type(generation) is not int or not 1 <= generation <= 2**62:
-            raise NotFound(f"there is no generation {generation!r}",
-                           reason="unknown_generation",
-                           hint="Generations are numbered from 1; run 'viano log CASE'.")
+        check_generation(generation)
         with _translate("read a manifest"):
             row = conn.execute("SELECT manifest, manifest_sha256 FROM generations WHERE "
                                "package_id=? AND generation=?", key).fetchone()
-        if row is None:
-            raise NotFound(f"package {package_id} has no generation {generation}",
-                           reason="unknown_generation",
-                           hint="Run 'viano log CASE' to list its generations.")
-        try:
-            manifest = Manifest.parse(bytes(row[0]), row[1])
-        except ChangeRejected as exc:
-            raise StorageError(f"generation {generation} of package {package_id} is damaged: "
-                               f"{exc.message}", reason="store_corrupt") from exc
-        if (manifest.package_id, manifest.package_generation) != key:
-            raise StorageError(f"generation {generation} of package {package_id} holds "
-                               "another generation's manifest", reason="store_corrupt")
-        self._remember(manifest)
+        manifest = parse_stored_manifest(None if row is None else bytes(row[0]),
+                                         "" if row is None else row[1], package_id,
+                                         generation)
+        self._cache.put(manifest)
         return manifest
 
-    def _remember(self, manifest: Manifest) -> None:
-        with self._cache_lock:
-            key = (manifest.package_id, manifest.package_generation)
-            self._cache[key] = manifest
-            self._cache.move_to_end(key)
-            while len(self._cache) > MANIFEST_CACHE:
-                self._cache.popitem(last=False)
-
-    @_guarded
+    @guarded
     def blob_info(self, sha256: str) -> BlobInfo | None:
         with _translate("read a blob"):
             row = self.reader.execute("SELECT size, data IS NOT NULL FROM blobs WHERE "
                                       "sha256=?", (bytes.fromhex(sha256),)).fetchone()
         return None if row is None else BlobInfo(row[0], bool(row[1]))
 
-    @_guarded
+    @guarded
     def _inline(self, sha256: str) -> bytes | None:
         with _translate("read a blob"):
             row = self.reader.execute("SELECT size, data FROM blobs WHERE sha256=?",
@@ -621,42 +508,8 @@ class _Exclusive:
         self.conn = conn
 
     def referenced_hashes(self) -> set[str]:
-        """Every sha256 any generation names. A manifest that cannot be read makes this
-        refuse: gc must not guess what a damaged generation references."""
-        refs: set[str] = set()
-        for pkg, gen, raw, sha in self.conn.execute(
-                "SELECT package_id, generation, manifest, manifest_sha256 FROM generations"):
-            try:
-                manifest = Manifest.parse(bytes(raw), sha)
-            except ChangeRejected as exc:
-                raise StorageError(f"generation {gen} of package {pkg} is damaged, so gc "
-                                   "cannot know what it references; nothing was removed",
-                                   reason="store_corrupt") from exc
-            refs.update(e.sha256 for e in manifest.files.values())
-        return refs
-
-
-def _ref(row: Sequence[Any]) -> CaseRef:
-    status = None
-    if len(row) > 6 and row[6] is not None:
-        status = CaseStatus(status=row[6], phase=row[7], reason=row[8], round=row[9],
-                            max_rounds=row[10], due_at=None if row[11] is None
-                            else float(row[11]), attempt_id=row[12], calls_started=row[13])
-    elif len(row) == 6:
-        status = CaseStatus(status="READY", phase=row[3])  # a version-1 store: at intake
-    return CaseRef(row[0], row[1], row[2], row[3], row[4], row[5], status)
-
-
-def _ref_row(pkg: str, case: str, gen: int, phase: str, revision: int, updated: str,
-             status: CaseStatus | None) -> tuple[Any, ...]:
-    s = status or CaseStatus(status="READY", phase=phase)
-    return (pkg, case, gen, phase, revision, updated, s.status, s.phase, s.reason, s.round,
-            s.max_rounds, s.due_at, s.attempt_id, s.calls_started)
-
-
-def _chunks(items: Sequence[str], n: int) -> Iterator[Sequence[str]]:
-    for i in range(0, len(items), n):
-        yield items[i:i + n]
+        return referenced_hashes(self.conn.execute(
+            "SELECT package_id, generation, manifest, manifest_sha256 FROM generations"))
 
 
 # -- opening, creating, migrating ----------------------------------------------------

@@ -27,7 +27,8 @@ def store_path(args: argparse.Namespace, config: Config) -> Path:
 def reading(args: argparse.Namespace, config: Config) -> Iterator[Store]:
     """The store, read-only: no schema, file or folder of it is created or changed, and a
     store the user cannot write is readable."""
-    store = open_backend(store_location(args, config), write=False)
+    store = open_backend(store_location(args, config), write=False,
+                         blob_root=config.store.blob_root, lease_s=config.store.lease_s)
     try:
         yield store
     finally:
@@ -36,7 +37,8 @@ def reading(args: argparse.Namespace, config: Config) -> Iterator[Store]:
 
 @contextmanager
 def writing(args: argparse.Namespace, config: Config) -> Iterator[Store]:
-    store = open_backend(store_location(args, config), write=True)
+    store = open_backend(store_location(args, config), write=True,
+                         blob_root=config.store.blob_root, lease_s=config.store.lease_s)
     try:
         yield store
     finally:

@@ -38,6 +38,7 @@ from engine import (
     NotFound,
     Published,
     RejectedInput,
+    StoreConfig,
     UsageError,
     VianoError,
     prepare_intake,
@@ -73,13 +74,13 @@ def cmd_intake(args: argparse.Namespace, out: Output, config: Config) -> int:
         plan = prepare_intake(Path(args.report), attachments, case_id=args.case_id,
                               limits=config.intake.limits, progress=advance,
                               report_format=args.format)
-    published = trio.run(_publish_intake, store_location(args, config), plan)
+    published = trio.run(_publish_intake, store_location(args, config), plan, config.store)
     _print_intake(out, plan, published)
     return 0
 
 
-async def _publish_intake(location: str, plan: IntakePlan) -> Published:
-    async with open_store(location) as store:
+async def _publish_intake(location: str, plan: IntakePlan, settings: StoreConfig) -> Published:
+    async with open_store(location, settings=settings) as store:
         return await store.intake(plan)
 
 
@@ -236,7 +237,7 @@ def _bulk(args: argparse.Namespace, out: Output, config: Config) -> int:
             set_text(tally.counts())
 
         stats, interrupted = trio.run(_bulk_run, store_location(args, config), items,
-                                      config.intake.limits, args.format, done)
+                                      config.intake.limits, args.format, done, config.store)
     summary = {"reports": total, "taken_in": len(tally.taken),
                "already_present": len(tally.present), "refused": tally.refused,
                "skipped": skipped, "interrupted": interrupted,
@@ -259,10 +260,11 @@ def _bulk(args: argparse.Namespace, out: Output, config: Config) -> int:
 
 
 async def _bulk_run(location: str, items: Iterator[_Item], limits: IntakeLimits,
-                    fmt: str | None, done: Done) -> tuple[dict[str, Any], bool]:
+                    fmt: str | None, done: Done, settings: StoreConfig
+                    ) -> tuple[dict[str, Any], bool]:
     # Ctrl-C (or SIGTERM) stops taking reports; what is in flight is finished and counted
     # (a publication is milliseconds), so the summary says exactly what the store holds.
-    async with _stoppable() as (stop, _work), open_store(location) as store:
+    async with _stoppable() as (stop, _work), open_store(location, settings=settings) as store:
         slots = trio.Semaphore(IN_FLIGHT)
         async with trio.open_nursery() as nursery:
             for item in items:

@@ -64,7 +64,7 @@ def require_providers(config: Config) -> None:
 async def dispatch_one(location: str, config: Config, spec: PhaseSpec, case_id: str,
                        request: DispatchRequest) -> DispatchResult:
     async with open_gateway(config.providers, config.gateway) as gateway, \
-            open_store(location, create=False) as store:
+            open_store(location, create=False, settings=config.store) as store:
         return await dispatch_phase(PhaseServices(store, gateway), spec, case_id, request)
 
 
@@ -132,7 +132,8 @@ def _operation(args: argparse.Namespace, config: Config,
     """The operation under the case's lease: the head after it, whether it changed
     anything, and (when it did not) ``already`` of the head."""
     async def go() -> tuple[Snapshot, bool, str | None]:
-        async with open_store(store_location(args, config), create=False) as store:
+        async with open_store(store_location(args, config), create=False,
+                              settings=config.store) as store:
             snap = await case_operation(store, args.case, make)
             if snap is not None:
                 return snap, True, None

@@ -22,6 +22,7 @@ from engine import (
     NotFound,
     Published,
     Store,
+    StoreConfig,
     UntrustedJson,
     UsageError,
     VianoError,
@@ -308,7 +309,7 @@ def cmd_export(args: argparse.Namespace, out: Output, config: Config) -> int:
 
 def cmd_import(args: argparse.Namespace, out: Output, config: Config) -> int:
     request = read_export(Path(args.file), config.intake.limits)
-    published = trio.run(_import, store_location(args, config), request)
+    published = trio.run(_import, store_location(args, config), request, config.store)
     doc = {"case_id": published.case_id, "package_id": published.package_id,
            "package_generation": published.generation}
     if out.as_json:
@@ -319,8 +320,9 @@ def cmd_import(args: argparse.Namespace, out: Output, config: Config) -> int:
     return 0
 
 
-async def _import(location: str, request: ImportRequest) -> Published:
-    async with open_store(location) as store:
+async def _import(location: str, request: ImportRequest, settings: StoreConfig
+                  ) -> Published:
+    async with open_store(location, settings=settings) as store:
         return await store.import_package(request)
 
 

@@ -1,0 +1,240 @@
+"""What every store backend does the same way, whatever holds its rows: the gate that lets
+``close`` wait for operations in progress, the preparation of a batch's blobs before its
+transaction, the gc re-check inside it, the case-index row as a :class:`CaseRef`, the
+checks on a stored manifest, and the cache of parsed head manifests.
+
+Only SQL differs between backends; it stays in each backend's module.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import zipfile
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
+
+from .._errors import ChangeRejected, InputRejected, NotFound, StorageError, VianoError
+from ._blobs import BlobFiles, input_changed
+from ._manifest import Manifest
+from ._protocol import CaseRef
+from ._requests import CaseStatus, ImportRequest, PublishRequest, Request
+from ._sources import BlobSource, read_verified
+
+# Blobs up to this size live inside the database; larger ones are fsynced files. Measured
+# by bench/blob_threshold.py on these machines: see the README's benchmark section.
+INLINE_THRESHOLD = 256 * 1024
+# Parsed manifests kept for the heads in use (a publication needs its parent's): enough for
+# every case in flight at the largest concurrency measured; a manifest of a few hundred
+# files is tens of KiB parsed.
+MANIFEST_CACHE = 1024
+REF_COLUMNS = ("case_id, package_id, generation, phase, analysis_revision, updated_at, "
+               "status, status_phase, reason, round, max_rounds, due_at, attempt_id, "
+               "calls_started")
+# The due index, in portable SQL: READY and RUNNING cases, retries whose time has come
+# (placeholders: now), and under a confirming policy the interpretations awaiting it.
+DUE_WHERE = "status IN ('READY', 'RUNNING') OR (status='RETRY_PENDING' AND due_at <= {now})"
+AWAITING_WHERE = " OR (status='COMPLETED' AND reason='awaiting_confirmation')"
+Large = dict[str, list[tuple[int, BlobSource]]]
+
+
+class Gate:
+    """Counts the operations in progress on a store's connections; ``close`` waits for
+    them and refuses new ones."""
+
+    def __init__(self, location: str):
+        self.location = location
+        self._cond = threading.Condition()
+        self._active = 0
+        self._closed = False
+        self._mine = threading.local()  # this thread's depth of nested uses
+
+    @contextmanager
+    def use(self) -> Iterator[None]:
+        depth = getattr(self._mine, "depth", 0)
+        with self._cond:
+            if self._closed and depth == 0:  # a thread already inside may finish its work
+                raise StorageError(f"the store at {self.location} is closed",
+                                   reason="store_unavailable",
+                                   hint="Open it again (a handle is not used after its "
+                                        "block ends).")
+            self._active += 1
+        self._mine.depth = depth + 1
+        try:
+            yield
+        finally:
+            self._mine.depth = depth
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.wait_for(lambda: self._active == 0, timeout_s)
+
+
+class _Gated(Protocol):
+    _gate: Gate
+
+
+_S = TypeVar("_S", bound=_Gated)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def guarded(method: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P], _R]:
+    """The method runs inside the store's gate (see :class:`Gate`)."""
+    @functools.wraps(method)
+    def wrapper(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self._gate.use():
+            return method(self, *args, **kwargs)
+    return wrapper
+
+
+# -- a batch's blobs ---------------------------------------------------------------------
+
+
+def prepare_blobs(blob_files: BlobFiles, inline_threshold: int, req: Request,
+                  inline: dict[str, bytes], large: Large, i: int) -> VianoError | None:
+    """Write the large blobs of one request and read its small ones, hashing the bytes
+    that will be stored. Returns the refusal of this request, if any."""
+    if isinstance(req, PublishRequest):
+        sources: Sequence[BlobSource] = list(req.change.files.values())
+    elif isinstance(req, ImportRequest):
+        sources = list(req.blobs.values())
+    else:
+        return None
+    try:
+        for source in sources:
+            if source.size > inline_threshold:
+                if source.sha256 not in large:
+                    blob_files.write(source)
+                large.setdefault(source.sha256, []).append((i, source))
+            elif source.sha256 not in inline:
+                data = read_verified(source)
+                if data is None:
+                    return input_changed(source)
+                inline[source.sha256] = data
+    except VianoError as exc:
+        return exc
+    except PermissionError as exc:
+        return InputRejected(f"cannot read an input while storing it: "
+                             f"{exc.strerror or exc}", reason="unreadable_input",
+                             hint="Check that the input files are readable and run the "
+                                  "command again.")
+    except (OSError, EOFError, ValueError, RuntimeError, zipfile.BadZipFile,
+            zlib.error) as exc:
+        # The source is not what was validated any more (a file or export replaced).
+        return InputRejected(f"an input could not be read as it was validated "
+                             f"({type(exc).__name__}); nothing of this request was "
+                             "written", reason="input_changed",
+                             hint="Do not modify input files while Viano reads them; "
+                                  "run the command again.")
+    return None
+
+
+def recheck_files(blob_files: BlobFiles, large: Large,
+                  refused: list[VianoError | None]) -> None:
+    """gc protocol, step 2: under the write lock, every file this batch references is in
+    place; one that gc removed since it was written is written again here."""
+    for sha, users in large.items():
+        live = [(i, s) for i, s in users if refused[i] is None]
+        if not live or blob_files.exists(sha, live[0][1].size):
+            continue
+        for i, source in live:
+            try:
+                blob_files.write(source)
+                break
+            except (VianoError, OSError) as exc:
+                refused[i] = exc if isinstance(exc, VianoError) else input_changed(source)
+
+
+# -- rows --------------------------------------------------------------------------------
+
+
+def ref_from_row(row: Sequence[Any]) -> CaseRef:
+    status = None
+    if len(row) > 6 and row[6] is not None:
+        status = CaseStatus(status=row[6], phase=row[7], reason=row[8], round=row[9],
+                            max_rounds=row[10], due_at=None if row[11] is None
+                            else float(row[11]), attempt_id=row[12], calls_started=row[13])
+    elif len(row) == 6:
+        status = CaseStatus(status="READY", phase=row[3])  # a version-1 store: at intake
+    return CaseRef(row[0], row[1], row[2], row[3], row[4], row[5], status)
+
+
+def ref_row(pkg: str, case: str, gen: int, phase: str, revision: int, updated: str,
+            status: CaseStatus | None) -> tuple[Any, ...]:
+    s = status or CaseStatus(status="READY", phase=phase)
+    return (pkg, case, gen, phase, revision, updated, s.status, s.phase, s.reason, s.round,
+            s.max_rounds, s.due_at, s.attempt_id, s.calls_started)
+
+
+def check_generation(generation: object) -> None:
+    if type(generation) is not int or not 1 <= generation <= 2**62:
+        raise NotFound(f"there is no generation {generation!r}", reason="unknown_generation",
+                       hint="Generations are numbered from 1; run 'viano log CASE'.")
+
+
+def parse_stored_manifest(raw: bytes | None, sha256: str, package_id: str,
+                          generation: int) -> Manifest:
+    """A generation row's manifest, its bytes checked against their hash and its ids
+    against the row's: damage is ``store_corrupt``, never served."""
+    if raw is None:
+        raise NotFound(f"package {package_id} has no generation {generation}",
+                       reason="unknown_generation",
+                       hint="Run 'viano log CASE' to list its generations.")
+    try:
+        manifest = Manifest.parse(raw, sha256)
+    except ChangeRejected as exc:
+        raise StorageError(f"generation {generation} of package {package_id} is damaged: "
+                           f"{exc.message}", reason="store_corrupt") from exc
+    if (manifest.package_id, manifest.package_generation) != (package_id, generation):
+        raise StorageError(f"generation {generation} of package {package_id} holds "
+                           "another generation's manifest", reason="store_corrupt")
+    return manifest
+
+
+def referenced_hashes(rows: Iterable[tuple[str, int, bytes, str]]) -> set[str]:
+    """Every sha256 the given generation rows name. A manifest that cannot be read makes
+    this refuse: gc must not guess what a damaged generation references."""
+    refs: set[str] = set()
+    for pkg, gen, raw, sha in rows:
+        try:
+            manifest = Manifest.parse(bytes(raw), sha)
+        except ChangeRejected as exc:
+            raise StorageError(f"generation {gen} of package {pkg} is damaged, so gc "
+                               "cannot know what it references; nothing was removed",
+                               reason="store_corrupt") from exc
+        refs.update(e.sha256 for e in manifest.files.values())
+    return refs
+
+
+def chunks(items: Sequence[str], n: int) -> Iterator[Sequence[str]]:
+    for i in range(0, len(items), n):
+        yield items[i:i + n]
+
+
+class ManifestCache:
+    """Parsed manifests by (package, generation), least recently used out first."""
+
+    def __init__(self, size: int = MANIFEST_CACHE):
+        self._size = size
+        self._items: OrderedDict[tuple[str, int], Manifest] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, int]) -> Manifest | None:
+        with self._lock:
+            return self._items.get(key)
+
+    def put(self, manifest: Manifest) -> None:
+        with self._lock:
+            key = (manifest.package_id, manifest.package_generation)
+            self._items[key] = manifest
+            self._items.move_to_end(key)
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)

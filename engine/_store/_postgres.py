@@ -1,0 +1,681 @@
+"""The multi-host store: PostgreSQL for metadata and small blobs, a shared folder (the blob
+root) for large blobs.
+
+The same rows as the SQLite store (see ``_pg_schema``), the same batch planning
+(``_plan``), the same blob protocol (``_blobs``: temp → fsync → rename → fsync of the
+folder, before the transaction that references the file) and the same gc protocol, with
+the write lock being a transaction-scoped advisory lock: every commit, in every worker on
+every host, takes it, so a batch's compare-and-swap on the head generations and gc's view
+of the references are as exact as under SQLite's one writer. Leases are rows
+(``_pg_leases``).
+
+psycopg 3 is used synchronously on worker threads, as the SQLite store is: the publisher's
+one thread has its own connection; readers borrow one from a small pool (``POOL_SIZE``), so
+the connections a worker needs do not grow with the cases it has in flight.
+
+The URL is any libpq URI (``postgresql://user:pw@host:5432/db``, or the Unix-socket form
+``postgresql://user@/db?host=/socket/dir``). Its password never reaches a message, a log
+or ``location``.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from .._canonical import utc_now_iso
+from .._errors import ConfigError, NotAStore, NotFound, StaleGeneration, StorageError, VianoError
+from .._ids import validate_case_id
+from ._blobs import BlobFiles, fsync_dir, verified_stream
+from ._common import (
+    AWAITING_WHERE,
+    DUE_WHERE,
+    INLINE_THRESHOLD,
+    REF_COLUMNS,
+    Gate,
+    Large,
+    ManifestCache,
+    check_generation,
+    guarded,
+    parse_stored_manifest,
+    prepare_blobs,
+    recheck_files,
+    ref_from_row,
+    ref_row,
+    referenced_hashes,
+)
+from ._crash import crash_point
+from ._manifest import Manifest
+from ._pg_leases import CLAIM, FENCE, Leases
+from ._pg_schema import CURRENT_VERSION, FORMAT_PREFIX, SCHEMA, TABLES, parse_version
+from ._plan import BatchRows, GenerationRow, Head, PlanInput, plan_batch
+from ._protocol import BlobInfo, CaseRef, StoreStats
+from ._requests import ImportRequest, Outcome, Request
+
+if TYPE_CHECKING:
+    import psycopg
+    import psycopg_pool
+
+log = logging.getLogger("viano.store")
+
+SCHEMES = ("postgresql://", "postgres://")
+POOL_SIZE = 8
+LEASE_S = 30.0
+ID_NAME = "store-id"
+# pg_advisory_xact_lock keys: every commit and gc take WRITE_LOCK; creators take CREATE_LOCK.
+WRITE_LOCK = 0x5649414E4F01
+CREATE_LOCK = 0x5649414E4F02
+
+
+def is_postgres_url(location: str) -> bool:
+    return location.startswith(SCHEMES)
+
+
+def display_url(url: str) -> str:
+    """The URL without its password (in the userinfo or as a ``password=`` parameter)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.netloc.rpartition("@")[2]
+        user = parts.username or ""
+        netloc = f"{user}@{host}" if "@" in parts.netloc else host
+        query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
+                           if k.lower() != "password"])
+        return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+    except ValueError:
+        return "postgresql://(unparseable URL)"
+
+
+def _driver() -> tuple[Any, Any]:
+    try:
+        import psycopg
+        import psycopg_pool
+    except ImportError as exc:
+        raise StorageError("the PostgreSQL store needs psycopg 3 and psycopg_pool, which are "
+                           "not installed", reason="store_unavailable",
+                           hint="pip install 'viano[postgres]' (or use a folder path for "
+                                "--store: the embedded SQLite store).") from exc
+    return psycopg, psycopg_pool
+
+
+class PostgresStore:
+    """One store: a PostgreSQL database (its ``viano_*`` tables) and a blob root."""
+
+    kind = "postgresql"
+    leases_block = True  # a round trip to the database
+
+    def __init__(self, url: str, blob_root: Path, *, writable: bool, store_id: str,
+                 inline_threshold: int, lease_s: float):
+        driver, pool_driver = _driver()
+        self._psycopg = driver
+        self.url = url
+        self._display = display_url(url)
+        self.blob_root = blob_root
+        self._blob_files = BlobFiles(blob_root)
+        self._writable = writable
+        self.store_id = store_id
+        self.inline_threshold = inline_threshold
+        self.version = CURRENT_VERSION
+        self._gate = Gate(self._display)
+        self._cache = ManifestCache()
+        self._local = threading.local()
+        self._commit_lock = threading.Lock()
+        self._writer: psycopg.Connection[Any] | None = None
+        self._transactions = self._requests = self._bytes = 0
+        self._pool: psycopg_pool.ConnectionPool[Any] = pool_driver.ConnectionPool(
+            _conninfo(driver, url, writable), min_size=1, max_size=POOL_SIZE,
+            kwargs={"autocommit": True}, open=False, name="viano")
+        with _translate(self._display, "connect to the store"):
+            self._pool.open(wait=True, timeout=30.0)
+        holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.leases = Leases(self._connection, holder, lease_s)
+
+    # -- opening ---------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, url: str, *, write: bool, create: bool = True,
+             inline_threshold: int = INLINE_THRESHOLD, blob_root: str | None = None,
+             lease_s: float = LEASE_S) -> PostgresStore:
+        """Open the store at ``url``; ``write`` (with ``create``) creates its schema in an
+        empty database. A read-only open creates and changes nothing."""
+        psycopg, _ = _driver()
+        shown = display_url(url)
+        if not blob_root:
+            raise ConfigError(f"a PostgreSQL store ({shown}) needs a blob root for its large "
+                              "blobs, and none is configured",
+                              hint="Set [store] blob_root in the config to a folder every "
+                                   "worker can reach (a shared mount).")
+        root = Path(blob_root)
+        with _translate(shown, "connect to the store"):
+            conn = psycopg.connect(_conninfo(psycopg, url, write), autocommit=True)
+        try:
+            with _translate(shown, "open the store"):
+                store_id = _open_schema(conn, shown, write=write, create=create)
+        finally:
+            conn.close()
+        _check_blob_root(root, store_id, shown, write=write)
+        return cls(url, root, writable=write, store_id=store_id,
+                   inline_threshold=inline_threshold, lease_s=lease_s)
+
+    @property
+    def location(self) -> str:
+        return self._display
+
+    @property
+    def writable(self) -> bool:
+        return self._writable
+
+    @property
+    def blob_files(self) -> BlobFiles:
+        return self._blob_files
+
+    @contextmanager
+    def _connection(self) -> Iterator[Any]:
+        """This thread's read transaction's connection, else one from the pool."""
+        conn = getattr(self._local, "txn", None)
+        if conn is not None:
+            yield conn
+            return
+        with self._pool.connection() as conn:
+            yield conn
+
+    def _require_writable(self) -> None:
+        if not self._writable:
+            raise StorageError(f"the store at {self._display} is open read-only",
+                               reason="store_read_only",
+                               hint="Run a command that writes with a store you can write.")
+
+    def _writer_conn(self) -> Any:
+        if self._writer is None or self._writer.closed:
+            self._writer = self._psycopg.connect(_conninfo(self._psycopg, self.url, True),
+                                                 autocommit=True)
+        return self._writer
+
+    def close(self) -> None:
+        """Wait for the operations in progress, give back this handle's leases, close every
+        connection."""
+        self._gate.close()
+        if self._writable:
+            self.leases.close()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self._pool.close()
+
+    # -- writing ---------------------------------------------------------------------
+
+    @guarded
+    def commit_batch(self, requests: Sequence[Request]) -> list[Outcome]:
+        """Commit every acceptable request of the batch in one transaction (see the
+        SQLite store's: the same contract)."""
+        self._require_writable()
+        refused: list[VianoError | None] = [None] * len(requests)
+        inline: dict[str, bytes] = {}
+        large: Large = {}
+        for i, req in enumerate(requests):
+            refused[i] = prepare_blobs(self._blob_files, self.inline_threshold, req, inline,
+                                       large, i)
+        crash_point("batch.blobs_ready")
+        with self._commit_lock, _translate(self._display, "commit a batch"):
+            conn = self._writer_conn()
+            try:
+                with conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+                    recheck_files(self._blob_files, large, refused)
+                    self._fence(conn, requests, refused)
+                    rows = plan_batch(self._plan_input(conn, requests, refused, inline))
+                    self._write(conn, rows)
+                    crash_point("txn.before_commit")
+            except self._psycopg.OperationalError:
+                conn.close()  # a connection that failed mid-transaction is not reused
+                raise
+        self._transactions += 1
+        self._requests += len(requests)
+        self._bytes += rows.bytes_written
+        crash_point("txn.after_commit")
+        for manifest in rows.new_manifests:
+            self._cache.put(manifest)
+        return rows.outcomes
+
+    def _fence(self, conn: Any, requests: Sequence[Request],
+               refused: list[VianoError | None]) -> None:
+        """A request for a case that another worker holds the lease on writes nothing:
+        this worker's lease expired (it stalled) and the case was taken over."""
+        cases = sorted({r.case_id for i, r in enumerate(requests) if refused[i] is None})
+        if not cases:
+            return
+        taken = {r[0] for r in conn.execute(FENCE, {"cases": cases,
+                                                    "me": self.leases.holder,
+                                                    "held": self.leases.held})}
+        for i, req in enumerate(requests):
+            if refused[i] is None and req.case_id in taken:
+                refused[i] = StaleGeneration(
+                    f"case {req.case_id!r} is leased by another worker (this worker's lease "
+                    "expired); nothing of this request was written", reason="lease_lost",
+                    hint="Nothing to do: the worker that holds the case carries it on.")
+
+    def _plan_input(self, conn: Any, requests: Sequence[Request],
+                    refused: list[VianoError | None], inline: dict[str, bytes]) -> PlanInput:
+        pkgs = sorted({r.package_id for r in requests})
+        cases = sorted({r.case_id for r in requests})
+        heads: dict[str, Head] = {}
+        owners: dict[str, str] = {}
+        for row in conn.execute(f"SELECT {REF_COLUMNS} FROM viano_refs WHERE package_id = "
+                                "ANY(%s) OR case_id = ANY(%s)", (pkgs, cases)):
+            ref = ref_from_row(row)
+            if ref.package_id in pkgs:
+                heads[ref.package_id] = Head(ref.case_id, ref.generation, ref.status)
+            owners[ref.case_id] = ref.package_id
+        parents: dict[str, Manifest] = {}
+        broken: dict[str, VianoError] = {}
+        missing = []
+        for pkg, head in heads.items():
+            cached = self._cache.get((pkg, head.generation))
+            if cached is not None:
+                parents[pkg] = cached
+            else:
+                missing.append((pkg, head.generation))
+        for pkg, gen in missing:
+            try:
+                parents[pkg] = self._manifest(conn, pkg, gen)
+            except VianoError as exc:
+                broken[pkg] = exc
+        histories: dict[str, list[str]] = {}
+        for i, req in enumerate(requests):
+            if req.package_id in broken and refused[i] is None:
+                refused[i] = broken[req.package_id]
+            if isinstance(req, ImportRequest) and req.package_id not in histories:
+                histories[req.package_id] = [r[0] for r in conn.execute(
+                    "SELECT manifest_sha256 FROM viano_generations WHERE package_id=%s "
+                    "ORDER BY generation", (req.package_id,))]
+        return PlanInput(requests=requests, heads=heads, owners=owners, parents=parents,
+                         histories=histories, refused=refused, inline=inline,
+                         inline_threshold=self.inline_threshold, now=utc_now_iso())
+
+    def _write(self, conn: Any, rows: BatchRows) -> None:
+        with conn.cursor() as cur:
+            if rows.blobs:
+                # A duplicate never overwrites a sound row; a damaged one (its bytes no
+                # longer hash to its key) is healed by the verified bytes.
+                cur.executemany(
+                    "INSERT INTO viano_blobs AS b (sha256, size, data) VALUES (%s, %s, %s) "
+                    "ON CONFLICT (sha256) DO UPDATE SET size=excluded.size, "
+                    "data=excluded.data WHERE excluded.data IS NOT NULL AND NOT "
+                    "(b.data IS NOT NULL AND sha256(b.data) = b.sha256)",
+                    [(bytes.fromhex(sha), size, data)
+                     for sha, (size, data) in rows.blobs.items()])
+            if rows.generations:
+                cur.executemany(
+                    "INSERT INTO viano_generations (package_id, generation, parent, "
+                    "manifest_sha256, manifest, phase, created_at) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                    [(g.package_id, g.generation, g.parent, g.manifest_sha256, g.manifest,
+                      g.phase, g.created_at) for g in rows.generations])
+            if rows.refs:
+                cur.executemany(
+                    f"INSERT INTO viano_refs ({REF_COLUMNS}) VALUES ({', '.join(['%s'] * 14)}) "
+                    "ON CONFLICT (package_id) DO UPDATE SET generation=excluded.generation, "
+                    "phase=excluded.phase, analysis_revision=excluded.analysis_revision, "
+                    "updated_at=excluded.updated_at, status=excluded.status, "
+                    "status_phase=excluded.status_phase, reason=excluded.reason, "
+                    "round=excluded.round, max_rounds=excluded.max_rounds, "
+                    "due_at=excluded.due_at, attempt_id=excluded.attempt_id, "
+                    "calls_started=excluded.calls_started",
+                    [ref_row(r.package_id, r.case_id, r.generation, r.phase,
+                             r.analysis_revision, r.updated_at, r.status)
+                     for r in rows.refs.values()])
+
+    # -- leases and maintenance --------------------------------------------------------
+
+    @contextmanager
+    def lease(self, case_id: str) -> Iterator[None]:
+        """The case's lease row, held (and renewed) for the block. Held by another worker
+        (and not expired) → :class:`CaseLocked` (DEFERRED), at once."""
+        self._require_writable()
+        with self._gate.use(), _translate(self._display, "take a case lease"):
+            held = self.leases.hold(validate_case_id(case_id))
+            held.__enter__()
+        try:
+            yield
+        except BaseException as exc:
+            if not held.__exit__(type(exc), exc, exc.__traceback__):
+                raise
+        else:
+            held.__exit__(None, None, None)
+
+    def claim_due(self, now: float, limit: int, *, skip: Collection[str] = (),
+                  awaiting_confirmation: bool = False) -> list[CaseRef]:
+        """Up to ``limit`` due cases, each leased to this worker in the same statement
+        (``FOR UPDATE SKIP LOCKED``): workers claiming at once get disjoint cases."""
+        if not self._writable or limit <= 0:
+            return self.due_cases(now, limit, awaiting_confirmation=awaiting_confirmation)
+        where = DUE_WHERE.format(now="%(now)s") + (AWAITING_WHERE if awaiting_confirmation
+                                                   else "")
+        sql = CLAIM.format(where=where, columns=REF_COLUMNS)
+        with self._gate.use(), _translate(self._display, "claim due cases"), \
+                self._connection() as conn:
+            rows = conn.execute(sql, {"now": now, "skip": sorted(skip), "limit": limit,
+                                      "me": self.leases.holder,
+                                      "lease": self.leases.lease_s}).fetchall()
+        refs = [ref_from_row(r) for r in rows]
+        self.leases.claimed([r.case_id for r in refs])
+        return refs
+
+    @contextmanager
+    def exclusive(self) -> Iterator[_Exclusive]:
+        """Hold the write lock against every commit of every worker (gc)."""
+        self._require_writable()
+        with self._gate.use(), self._commit_lock, _translate(self._display, "lock the store"):
+            conn = self._writer_conn()
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+                yield _Exclusive(conn)
+
+    @guarded
+    def index_problems(self) -> list[str]:
+        """What makes the index unfit to judge the blobs by (verify and gc refuse then)."""
+        with _translate(self._display, "inspect the index"), self._connection() as conn:
+            gens = conn.execute("SELECT COUNT(*) FROM viano_generations").fetchone()[0]
+            blob_rows = conn.execute("SELECT COUNT(*) FROM viano_blobs").fetchone()[0]
+        problems = []
+        if not self._id_matches():
+            problems.append(f"the blob root {self.blob_root} does not belong to this store "
+                            "(its store-id differs from the database's or is missing)")
+        if not gens and blob_rows:
+            problems.append(f"the index has no generations but holds {blob_rows} blob(s): "
+                            "it was emptied or replaced")
+        return problems
+
+    def _id_matches(self) -> bool:
+        try:
+            return (self.blob_root / ID_NAME).read_text().strip() == self.store_id
+        except (OSError, UnicodeDecodeError):
+            return False
+
+    def stats(self) -> StoreStats:
+        return StoreStats(self._transactions, self._requests, self._bytes)
+
+    # -- reading ---------------------------------------------------------------------
+
+    @guarded
+    def _select_refs(self, where: str = "", args: Sequence[Any] = ()) -> list[CaseRef]:
+        with _translate(self._display, "read the case index"), self._connection() as conn:
+            rows = conn.execute(f"SELECT {REF_COLUMNS} FROM viano_refs {where}",
+                                args).fetchall()
+        return [ref_from_row(r) for r in rows]
+
+    def list_cases(self) -> list[CaseRef]:
+        return self._select_refs("ORDER BY case_id")
+
+    def case(self, case_id: str) -> CaseRef:
+        rows = self._select_refs("WHERE case_id=%s", (case_id,))
+        if not rows:
+            raise NotFound(f"no case {case_id!r} in {self._display}", reason="unknown_case")
+        return rows[0]
+
+    @contextmanager
+    def read_transaction(self) -> Iterator[None]:
+        """Every read inside sees one committed state of the store (a REPEATABLE READ
+        transaction on one connection: verify's view)."""
+        with self._gate.use():
+            if getattr(self._local, "txn", None) is not None:
+                yield
+                return
+            with _translate(self._display, "read the store"):
+                cm = self._pool.connection()
+                conn = cm.__enter__()
+                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            self._local.txn = conn
+            try:
+                yield
+            finally:
+                self._local.txn = None
+                try:
+                    with _translate(self._display, "read the store"):
+                        conn.execute("COMMIT")
+                finally:
+                    cm.__exit__(None, None, None)
+
+    @guarded
+    def head(self, case_id: str) -> tuple[CaseRef, Manifest]:
+        with self.read_transaction():
+            ref = self.case(case_id)
+            with self._connection() as conn:
+                manifest = self._manifest(conn, ref.package_id, ref.generation)
+        return ref, manifest
+
+    def due_cases(self, now: float, limit: int, *, awaiting_confirmation: bool = False
+                  ) -> list[CaseRef]:
+        """The due index, read only (see the SQLite store's; :meth:`claim_due` is what
+        the workers use)."""
+        extra = AWAITING_WHERE if awaiting_confirmation else ""
+        return self._select_refs(f"WHERE {DUE_WHERE.format(now='%s')}{extra} "
+                                 "ORDER BY COALESCE(due_at, %s), case_id LIMIT %s",
+                                 (now, now, limit))
+
+    @guarded
+    def next_due(self) -> float | None:
+        with _translate(self._display, "read the case index"), self._connection() as conn:
+            row = conn.execute("SELECT MIN(due_at) FROM viano_refs WHERE "
+                               "status='RETRY_PENDING'").fetchone()
+        return None if row[0] is None else float(row[0])
+
+    @guarded
+    def status_counts(self) -> dict[tuple[str, str], int]:
+        with _translate(self._display, "count cases"), self._connection() as conn:
+            return {(p, s): n for p, s, n in conn.execute(
+                "SELECT phase, COALESCE(status, 'READY'), COUNT(*) FROM viano_refs "
+                "GROUP BY 1, 2")}
+
+    @guarded
+    def package_ids(self) -> list[str]:
+        with _translate(self._display, "list packages"), self._connection() as conn:
+            rows = conn.execute("SELECT DISTINCT package_id FROM viano_generations "
+                                "ORDER BY package_id").fetchall()
+        return [r[0] for r in rows]
+
+    @guarded
+    def generations(self, package_id: str) -> list[GenerationRow]:
+        with _translate(self._display, "read generations"), self._connection() as conn:
+            rows = conn.execute(
+                "SELECT package_id, generation, parent, manifest_sha256, manifest, phase, "
+                "created_at FROM viano_generations WHERE package_id=%s ORDER BY generation",
+                (package_id,)).fetchall()
+        return [GenerationRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6]) for r in rows]
+
+    @guarded
+    def manifest(self, package_id: str, generation: int) -> Manifest:
+        with self._connection() as conn:
+            return self._manifest(conn, package_id, generation)
+
+    def _manifest(self, conn: Any, package_id: str, generation: int) -> Manifest:
+        key = (package_id, generation)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        check_generation(generation)
+        with _translate(self._display, "read a manifest"):
+            row = conn.execute("SELECT manifest, manifest_sha256 FROM viano_generations "
+                               "WHERE package_id=%s AND generation=%s", key).fetchone()
+        manifest = parse_stored_manifest(None if row is None else bytes(row[0]),
+                                         "" if row is None else row[1], package_id,
+                                         generation)
+        self._cache.put(manifest)
+        return manifest
+
+    @guarded
+    def blob_info(self, sha256: str) -> BlobInfo | None:
+        with _translate(self._display, "read a blob"), self._connection() as conn:
+            row = conn.execute("SELECT size, data IS NOT NULL FROM viano_blobs WHERE "
+                               "sha256=%s", (bytes.fromhex(sha256),)).fetchone()
+        return None if row is None else BlobInfo(int(row[0]), bool(row[1]))
+
+    @guarded
+    def _inline(self, sha256: str) -> bytes | None:
+        with _translate(self._display, "read a blob"), self._connection() as conn:
+            row = conn.execute("SELECT size, data FROM viano_blobs WHERE sha256=%s",
+                               (bytes.fromhex(sha256),)).fetchone()
+        if row is None:
+            raise StorageError(f"blob {sha256} is not in the store", reason="store_corrupt")
+        return None if row[1] is None else bytes(row[1])
+
+    def read_blob(self, sha256: str) -> bytes:
+        with self.open_blob(sha256) as f:
+            return f.read()
+
+    def open_blob(self, sha256: str) -> BinaryIO:
+        data = self._inline(sha256)
+        if data is not None:
+            return verified_stream(io.BytesIO(data), sha256)
+        return verified_stream(self._blob_files.open_regular(sha256), sha256)
+
+
+class _Exclusive:
+    def __init__(self, conn: Any):
+        self.conn = conn
+
+    def referenced_hashes(self) -> set[str]:
+        with self.conn.cursor(name="viano_gc_refs") as cur:  # server-side: streamed
+            cur.execute("SELECT package_id, generation, manifest, manifest_sha256 FROM "
+                        "viano_generations")
+            return referenced_hashes(cur)
+
+
+# -- opening, creating -------------------------------------------------------------------
+
+
+def _conninfo(psycopg: Any, url: str, write: bool) -> str:
+    """The URL as libpq conninfo, with a connect timeout unless it sets one, and read-only
+    transactions enforced by the server for a read-only open."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        raise NotAStore(f"--store {display_url(url)} is not a valid PostgreSQL URL",
+                        hint="Use postgresql://user@host:5432/db or "
+                             "postgresql://user@/db?host=/socket/dir.") from exc
+    extra: dict[str, Any] = {"application_name": params.get("application_name") or "viano"}
+    if "connect_timeout" not in params:
+        extra["connect_timeout"] = 10
+    if not write:
+        extra["options"] = (str(params.get("options") or "") +
+                            " -c default_transaction_read_only=on").strip()
+    return str(make_conninfo(url, **extra))
+
+
+def _open_schema(conn: Any, shown: str, *, write: bool, create: bool) -> str:
+    """The store id of the database's store, creating the schema if asked and absent."""
+    if conn.execute("SELECT to_regclass('viano_meta')").fetchone()[0] is None:
+        if not (write and create):
+            raise NotFound(f"no store at {shown}", reason="no_store",
+                           hint="Create one with 'viano intake --store URL'.")
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (CREATE_LOCK,))
+            if conn.execute("SELECT to_regclass('viano_meta')").fetchone()[0] is None:
+                foreign = [r[0] for r in conn.execute(
+                    "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
+                    "AND tablename <> ALL(%s) ORDER BY 1 LIMIT 3", (list(TABLES),))]
+                if foreign:
+                    raise NotAStore(f"{shown} holds tables that are not a Viano store's "
+                                    f"({', '.join(foreign)})",
+                                    hint="Give Viano a database of its own.")
+                for stmt in SCHEMA.strip().split(";"):
+                    conn.execute(stmt)
+                conn.execute("INSERT INTO viano_meta VALUES ('format', %s), ('store_id', %s)",
+                             (f"{FORMAT_PREFIX}{CURRENT_VERSION}", str(uuid.uuid4())))
+                log.info("created the store schema in %s", shown)
+    meta = dict(conn.execute("SELECT key, value FROM viano_meta").fetchall())
+    version = parse_version(str(meta.get("format", "")))
+    if version is None or "store_id" not in meta:
+        raise StorageError(f"{shown} has no Viano store format", reason="store_corrupt",
+                           hint="Restore the database from a backup.")
+    if version != CURRENT_VERSION:
+        newer = version > CURRENT_VERSION
+        raise StorageError(f"{shown} has store format {FORMAT_PREFIX}{version}; this Viano "
+                           f"reads {FORMAT_PREFIX}{CURRENT_VERSION}", reason="store_format",
+                           hint="Upgrade Viano to open this store." if newer else
+                           "This store predates the PostgreSQL backend's first release; "
+                           "export it with the Viano that wrote it and import it here.")
+    return str(meta["store_id"])
+
+
+def _check_blob_root(root: Path, store_id: str, shown: str, *, write: bool) -> None:
+    """The blob root carries the store's id, so that two stores never share one, and a
+    worker whose mount points elsewhere is refused before it writes."""
+    id_file = root / ID_NAME
+    try:
+        on_disk: str | None = id_file.read_text().strip()
+    except FileNotFoundError:
+        on_disk = None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StorageError(f"the blob root's store-id file cannot be read ({exc})",
+                           reason="store_unavailable") from exc
+    if on_disk is not None and on_disk != store_id:
+        raise StorageError(f"the blob root {root} belongs to another store (store-id "
+                           f"{on_disk[:8]}…; {shown} is {store_id[:8]}…)",
+                           reason="store_corrupt",
+                           hint="Point [store] blob_root at this store's own blob folder.")
+    if on_disk is None and write:
+        try:
+            if (root / "blobs").exists():
+                raise StorageError(f"the blob root {root} holds blobs but no store-id: it "
+                                   "cannot be shown to belong to this store",
+                                   reason="store_corrupt",
+                                   hint="Point [store] blob_root at this store's own blob "
+                                        "folder.")
+            root.mkdir(parents=True, exist_ok=True)
+            tmp = root / f".{ID_NAME}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+            with tmp.open("w") as f:
+                f.write(store_id + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, id_file)  # never over another creator's
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink(missing_ok=True)
+            fsync_dir(root)
+        except OSError as exc:
+            raise StorageError(f"cannot prepare the blob root {root}: {exc.strerror or exc}",
+                               reason="store_unavailable",
+                               hint="Check that [store] blob_root exists and is writable.") \
+                from exc
+        _check_blob_root(root, store_id, shown, write=False)
+
+
+@contextmanager
+def _translate(shown: str, doing: str) -> Iterator[None]:
+    """Translate psycopg/pool/OS errors at the storage boundary (never with the URL's
+    password: ``shown`` has none, and libpq's messages carry none)."""
+    try:
+        yield
+    except VianoError:
+        raise
+    except OSError as exc:
+        raise StorageError(f"could not {doing}: {exc}", reason="store_unavailable",
+                           hint="Check the blob root's permissions and free space.") from exc
+    except Exception as exc:
+        if type(exc).__module__.split(".")[0] not in ("psycopg", "psycopg_pool"):
+            raise
+        import psycopg
+        import psycopg_pool
+
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        unavailable = isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError,
+                                       psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed))
+        raise StorageError(f"could not {doing} at {shown}: {first}",
+                           reason="store_unavailable" if unavailable else "store_corrupt",
+                           hint="Check that PostgreSQL is running and reachable, and the "
+                                "URL's user, database and password." if unavailable else
+                                "Run 'viano verify'; the store's schema may be damaged.") \
+            from exc

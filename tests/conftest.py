@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from engine import disarm_crash_points
+from tests.pgmap.mapping import install_mapping, pg_database, pg_url_for
 from viano_bug_analysis import bundled_sample
 from viano_bug_analysis.cli import main
 
@@ -144,3 +145,83 @@ def make_readonly(root: Path) -> None:
 def make_writable(root: Path) -> None:
     for p in [root, *root.rglob("*")]:
         p.chmod(p.stat().st_mode | 0o200)
+
+
+# -- the PostgreSQL backend -----------------------------------------------------------------
+# A real PostgreSQL (the pgserver wheel: server binaries from the package index) started once
+# per session in a temporary folder. Tests that take the ``backend`` fixture run against
+# both backends: under "postgresql", every store location that is a folder path is opened
+# as a PostgreSQL store in a database of its own, with that folder as its blob root, so the
+# same test code (the public face: open_store, open_backend, the in-process CLI) runs on
+# both. Tests whose subject is SQLite's own files carry ``@pytest.mark.sqlite_only``.
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """The URL of the session's PostgreSQL server (its admin database)."""
+    import tempfile
+
+    if not os.environ.get("XDG_RUNTIME_DIR"):  # platformdirs (pgserver) warns without one
+        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="vxdg-")
+    pgserver = pytest.importorskip("pgserver")
+    folder = tempfile.mkdtemp(prefix="vpg-", dir="/tmp")  # short: a Unix socket path
+    server = pgserver.get_server(folder, cleanup_mode="delete")
+    # The server runs as its own user in a 0700 folder that holds its socket; a child
+    # without the power to ignore permissions (``unprivileged``) must still reach it.
+    os.chown(folder, -1, os.getgid())
+    os.chmod(folder, 0o750)
+    try:
+        yield str(server.get_uri())
+    finally:
+        server.cleanup()
+
+
+class PgDatabases:
+    """Fresh databases on the session's server: one per store location (its name derived
+    from the folder's path, so a child process maps the same folder to the same database;
+    see tests/pgmap/sitecustomize.py), or a new one per call of :meth:`create`."""
+
+    def __init__(self, admin_url: str):
+        self.admin_url = admin_url
+
+    def create(self) -> str:
+        return pg_database(self.admin_url, f"t_{os.urandom(8).hex()}")
+
+    def url_for(self, location: str) -> str:
+        return pg_url_for(self.admin_url, location)
+
+
+@pytest.fixture
+def pg_databases(pg_server: str) -> PgDatabases:
+    return PgDatabases(pg_server)
+
+
+@pytest.fixture
+def pg_url(pg_databases: PgDatabases) -> str:
+    """A fresh, empty PostgreSQL database."""
+    return pg_databases.create()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" in metafunc.fixturenames:
+        only = metafunc.definition.get_closest_marker("sqlite_only") is not None
+        metafunc.parametrize("backend", ["sqlite"] if only else ["sqlite", "postgresql"],
+                             indirect=True)
+
+
+@pytest.fixture
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which backend this run of the test uses (see above)."""
+    name: str = request.param
+    if name == "postgresql":
+        databases: PgDatabases = request.getfixturevalue("pg_databases")
+        install_pg_mapping(monkeypatch, databases)
+    return name
+
+
+def install_pg_mapping(monkeypatch: pytest.MonkeyPatch, databases: PgDatabases) -> None:
+    """In this process and in every child started with :func:`child_env`."""
+    install_mapping(databases.admin_url, monkeypatch.setattr)
+    monkeypatch.setenv("VIANO_TEST_PG_ADMIN", databases.admin_url)
+    monkeypatch.setenv("PYTHONPATH", str(REPO / "tests" / "pgmap") + os.pathsep +
+                       os.environ.get("PYTHONPATH", ""))

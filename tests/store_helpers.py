@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import re
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import engine._store._open as _open
 from engine import (
     BytesSource,
     Change,
@@ -17,6 +21,7 @@ from engine import (
     SqliteStore,
     new_package_id,
 )
+from tests.pgmap.mapping import pg_url_for
 
 
 def create(case: str, payload: bytes = b"x") -> PublishRequest:
@@ -25,20 +30,52 @@ def create(case: str, payload: bytes = b"x") -> PublishRequest:
         phase="INTAKE"))
 
 
-def open_rw(root: Path) -> SqliteStore:
-    return SqliteStore.open(root, write=True)
+def open_rw(root: Path, **kw: Any) -> Any:
+    """The store at ``root``, through open_backend (so a test run on the PostgreSQL backend
+    opens its database; see ``backend`` in conftest)."""
+    return _open.open_backend(root, write=True, **kw)
 
 
-def open_ro(root: Path) -> SqliteStore:
-    return SqliteStore.open(root, write=False)
+def open_ro(root: Path, **kw: Any) -> Any:
+    return _open.open_backend(root, write=False, **kw)
 
 
 def sql(store: Path, stmt: str, *params: object) -> None:
-    """Edit the index behind the store's back (tests of damage and tampering)."""
+    """Edit the index behind the store's back (tests of damage and tampering): SQLite's
+    file, or under the PostgreSQL backend the folder's database (``pg_dialect``)."""
+    _run(store, stmt, params, fetch=False)
+
+
+def query(store: Path, stmt: str, *params: object) -> list[tuple[Any, ...]]:
+    """Read the index behind the store's back (see :func:`sql`)."""
+    return _run(store, stmt, params, fetch=True)
+
+
+def _run(store: Path, stmt: str, params: Sequence[object], *, fetch: bool
+         ) -> list[tuple[Any, ...]]:
+    admin = os.environ.get("VIANO_TEST_PG_ADMIN")
+    if admin:
+        import psycopg
+
+        with psycopg.connect(pg_url_for(admin, str(store)), autocommit=True) as pg:
+            cur = pg.execute(pg_dialect(stmt), params)
+            return [tuple(r) for r in cur.fetchall()] if fetch else []
     conn = sqlite3.connect(store / "store.sqlite3")
-    conn.execute(stmt, params)
-    conn.commit()
-    conn.close()
+    try:
+        rows = [tuple(r) for r in conn.execute(stmt, params).fetchall()]
+        conn.commit()
+    finally:
+        conn.close()
+    return rows if fetch else []
+
+
+def pg_dialect(stmt: str) -> str:
+    """The few SQLite spellings the tampering tests use, in PostgreSQL's: the ``viano_``
+    table names, ``%s`` placeholders, text to bytes and back."""
+    stmt = re.sub(r"\b(blobs|generations|refs|meta)\b", r"viano_\1", stmt)
+    stmt = re.sub(r"CAST\(manifest AS TEXT\)", "convert_from(manifest, 'UTF8')", stmt)
+    stmt = re.sub(r"CAST\((.*) AS BLOB\)", r"convert_to(\1, 'UTF8')", stmt, flags=re.S)
+    return stmt.replace("?", "%s")
 
 
 def fail_first_commit(store: SqliteStore, monkeypatch: pytest.MonkeyPatch,

@@ -29,6 +29,8 @@ from tests.phase_helpers import ENV, SAMPLE, http_provider
 from tests.store_helpers import open_ro
 from viano_bug_analysis import open_engine
 
+pytestmark = pytest.mark.usefixtures("backend")
+
 SWEBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "swebench-lite-issues.csv"
 
 

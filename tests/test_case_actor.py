@@ -43,6 +43,8 @@ from tests.phase_helpers import (
 )
 from tests.store_helpers import open_ro
 
+pytestmark = pytest.mark.usefixtures("backend")
+
 PREFIX = "analysis/interpretation/0001/"
 ANSWER = json.dumps(INTERPRETATION_ANSWER)
 

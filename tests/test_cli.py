@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PYTHON, Cli, child_env
+from tests.store_helpers import open_ro
 from viano_bug_analysis.cli._commands import COMMANDS
+
+pytestmark = pytest.mark.usefixtures("backend")
 
 
 class TestHelp:
@@ -37,7 +40,9 @@ class TestGlobalOptions:
         """VIANO_STORE selects the store when --store is absent."""
         monkeypatch.setenv("VIANO_STORE", str(tmp_path / "env-store"))
         assert cli("intake", "--report", sample / "report.json").code == 0
-        assert (tmp_path / "env-store" / "store.sqlite3").is_file()
+        store = open_ro(tmp_path / "env-store")
+        assert [c.case_id for c in store.list_cases()] == ["BUG-20"]
+        store.close()
 
     def test_bad_config_refused_naming_key_and_file(self, cli: Cli, tmp_path: Path,
                                                     sample: Path) -> None:

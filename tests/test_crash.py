@@ -18,21 +18,24 @@ from engine import (
     Published,
     PublishRequest,
     SimulatedCrash,
-    SqliteStore,
+    Store,
     arm_crash_point,
     collect_garbage,
     new_package_id,
     verify_store,
 )
 from tests.conftest import PYTHON, child_env, run_viano
+from tests.store_helpers import open_ro, open_rw
+
+pytestmark = pytest.mark.usefixtures("backend")
 
 STORE_POINTS = [p for p in CRASH_POINTS if p.split(".")[0] in ("blob", "batch", "txn")]
 NEW_AFTER = {"txn.after_commit"}  # the points after which the new generation is durable
 CHILD = Path(__file__).with_name("crash_child.py")
 
 
-def _seed(root: Path) -> tuple[SqliteStore, Published]:
-    store = SqliteStore.open(root, write=True, inline_threshold=1024)
+def _seed(root: Path) -> tuple[Store, Published]:
+    store = open_rw(root, inline_threshold=1024)
     out = store.commit_batch([PublishRequest(new_package_id(), "CR-1", None, Change(
         files={"inputs/orig.bin": BytesSource.of(b"o" * 5000)}, phase="INTAKE"))])[0]
     assert isinstance(out, Published)
@@ -44,8 +47,8 @@ def _second(first: Published) -> PublishRequest:
         files={"analysis/big.bin": BytesSource.of(bytes(range(256)) * 40)}))
 
 
-def _check_after_crash(root: Path, point: str, old: int, new: int) -> SqliteStore:
-    store = SqliteStore.open(root, write=True)
+def _check_after_crash(root: Path, point: str, old: int, new: int) -> Store:
+    store = open_rw(root)
     report = verify_store(store)
     assert report.ok, (point, report.violations)
     ref = store.case("CR-1")
@@ -86,12 +89,12 @@ class TestInProcessCrashPoints:
         with pytest.raises(SimulatedCrash):
             store.commit_batch([_second(first)])
         store.close()
-        store = SqliteStore.open(tmp_path, write=True)
+        store = open_rw(tmp_path)
         arm_crash_point("gc.before_unlink")
         with pytest.raises(SimulatedCrash):
             collect_garbage(store, min_age_s=0)
         store.close()
-        store = SqliteStore.open(tmp_path, write=False)
+        store = open_ro(tmp_path)
         assert verify_store(store).ok
         store.close()
 
@@ -139,7 +142,7 @@ class TestProcessDeath:
 
 
 def _verify_acked(root: Path, acked: list[list[str]], slack: bool) -> None:
-    store = SqliteStore.open(root, write=False)
+    store = open_ro(root)
     report = verify_store(store)
     assert report.ok, report.violations
     last: dict[str, int] = {}

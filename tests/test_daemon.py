@@ -22,6 +22,8 @@ from tests.loopback import LoopbackServer
 from tests.phase_helpers import ENV, http_provider
 from viano_bug_analysis import open_engine
 
+pytestmark = pytest.mark.usefixtures("backend")
+
 LONG = 3600.0  # provider timeouts far beyond every virtual wait in these tests
 
 

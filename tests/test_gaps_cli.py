@@ -22,6 +22,8 @@ from tests.loopback.process import Provider, start_provider
 from tests.loopback.server import dead_port
 from tests.phase_helpers import FIXTURES, SAMPLE, json_edit, rewrite_export
 
+pytestmark = pytest.mark.usefixtures("backend")
+
 KEY = "sk-VIANO-GAPS-0a1b2c3d4e5f6a7b"
 I1 = "analysis/interpretation/0001/"
 

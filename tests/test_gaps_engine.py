@@ -15,6 +15,8 @@ from tests.loopback import LoopbackServer
 from tests.phase_helpers import ENV, http_provider
 from viano_bug_analysis import open_engine
 
+pytestmark = pytest.mark.usefixtures("backend")
+
 
 @pytest.fixture
 async def server(nursery: trio.Nursery) -> LoopbackServer:

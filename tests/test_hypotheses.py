@@ -19,6 +19,8 @@ from engine._phases._hypotheses import FIELDS, FORBIDDEN, Interpretation, record
 from engine._phases._interpretation import statements_of
 from tests.phase_helpers import FIXTURES, INTERPRETATION_ANSWER
 
+pytestmark = pytest.mark.usefixtures("backend")
+
 ANSWER: dict[str, Any] = json.loads((FIXTURES / "hypotheses_v1" / "BUG-20.json").read_text())
 HUMAN = ("report", "comment", "comment", "observation", "observation")
 CASE = CaseRecord("case/catalogue.json", "case/intake.json", tuple(

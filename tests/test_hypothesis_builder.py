@@ -47,6 +47,8 @@ from tests.phase_helpers import (
 from tests.store_helpers import open_ro
 from viano_bug_analysis.analysis import HypothesisBuilder, HypothesisConfig
 
+pytestmark = pytest.mark.usefixtures("backend")
+
 H = "analysis/hypotheses/0001/"
 
 

@@ -17,6 +17,8 @@ import pytest
 from tests.conftest import Cli, snapshot
 from tests.store_helpers import sql
 
+pytestmark = pytest.mark.usefixtures("backend")
+
 Doc = dict[str, Any]
 
 

@@ -9,8 +9,12 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests import archives as A
 from tests.conftest import PYTHON, Cli, child_env
+
+pytestmark = pytest.mark.usefixtures("backend")
 
 
 def _catalogue(cli: Cli, store: Path, case: str) -> list[dict[str, Any]]:

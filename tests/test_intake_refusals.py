@@ -15,6 +15,8 @@ import pytest
 from tests import archives as A
 from tests.conftest import Cli, snapshot
 
+pytestmark = pytest.mark.usefixtures("backend")
+
 LIMITS = """
 [intake.limits]
 max_members = 50

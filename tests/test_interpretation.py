@@ -30,6 +30,8 @@ from engine._text import is_blank
 from tests.phase_helpers import INTERPRETATION_ANSWER, intake_sample
 from tests.store_helpers import open_ro
 
+pytestmark = pytest.mark.usefixtures("backend")
+
 IDS = [f"S{i}" for i in range(1, 14)]
 
 

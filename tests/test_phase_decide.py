@@ -23,6 +23,8 @@ from engine import (
 )
 from engine._phases._protocol import RoundInfo, parse_rounds
 
+pytestmark = pytest.mark.usefixtures("backend")
+
 POLICY = "p" * 64
 CONTEXT = "c" * 64
 

@@ -56,6 +56,8 @@ from tests.phase_helpers import (
 from tests.store_helpers import open_ro
 from viano_bug_analysis.analysis import HypothesisConfig
 
+pytestmark = pytest.mark.usefixtures("backend")
+
 
 @pytest.fixture
 async def server(nursery: trio.Nursery) -> LoopbackServer:

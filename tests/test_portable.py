@@ -15,6 +15,8 @@ from engine import BytesSource, Change, PublishRequest
 from tests.conftest import Cli, snapshot
 from tests.store_helpers import open_ro
 
+pytestmark = pytest.mark.usefixtures("backend")
+
 
 def _intake_and_advance(cli: Cli, sample: Path, store: Path) -> None:
     r = cli("intake", "--store", store, "--report", sample / "report.json",

@@ -21,13 +21,14 @@ from engine import (
     PublishRequest,
     Request,
     SimulatedCrash,
-    SqliteStore,
     StorageError,
     arm_crash_point,
     new_package_id,
     verify_store,
 )
 from tests.store_helpers import create, fail_first_commit, open_ro, open_rw
+
+pytestmark = pytest.mark.usefixtures("backend")
 
 
 class TestGroupCommit:
@@ -136,14 +137,15 @@ class TestCancellation:
         is answered."""
         committing, release = threading.Event(), threading.Event()
 
-        class SlowStore(SqliteStore):
-            def commit_batch(self, requests: Sequence[Request]) -> list[Outcome]:
-                committing.set()
-                release.wait()
-                return super().commit_batch(requests)
+        store = open_rw(tmp_path / "s")
+        real = store.commit_batch
 
-        open_rw(tmp_path / "s").close()
-        store = SlowStore(tmp_path / "s", writable=True, version=2)
+        def slow(requests: Sequence[Request]) -> list[Outcome]:
+            committing.set()
+            release.wait()
+            return real(requests)
+
+        store.commit_batch = slow
         send, recv = mailbox()
         msg = PublishMsg(create("S-1"))
         async with trio.open_nursery() as nursery:
@@ -205,6 +207,7 @@ class TestFailures:
         store.close()
 
 
+@pytest.mark.sqlite_only  # SQLite's write-ahead log
 class TestWalUpkeep:
     """Checkpoints are the SQLite backend's own business (engine/_store/_wal.py)."""
 

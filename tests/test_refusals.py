@@ -15,6 +15,8 @@ import pytest
 from tests import archives as A
 from tests.conftest import PYTHON, Cli, child_env, run_viano, snapshot, unprivileged
 
+pytestmark = pytest.mark.usefixtures("backend")
+
 
 def _refused(r: object, reason: str) -> None:
     code, doc = r.code, r.json  # type: ignore[attr-defined]

@@ -17,6 +17,8 @@ from engine._text import markdown_inert as md_text
 from tests.conftest import make_readonly, make_writable, run_viano
 from tests.phase_helpers import completed_sample_store
 
+pytestmark = pytest.mark.usefixtures("backend")
+
 HOSTILE = [
     "see [click](https://evil.example/x) and ![img](https://evil.example/i.png)",
     "<img src=x onerror=alert(1)> <script>alert(1)</script> <a href='y'>z</a>",
@@ -96,9 +98,9 @@ def test_a_whole_report_of_hostile_text_is_inert() -> None:
     assert "octocat" in md and "onerror" in md and "strike" in md and "deadbeefcafe1234" in md
 
 
-@pytest.fixture(scope="module")
-def completed_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return completed_sample_store(tmp_path_factory.mktemp("report") / "store")
+@pytest.fixture
+def completed_store(backend: str, tmp_path: Path) -> Path:
+    return completed_sample_store(tmp_path / "store")
 
 
 def test_the_report_of_a_completed_case(completed_store: Path) -> None:

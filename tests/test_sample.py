@@ -5,7 +5,11 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
+
+pytestmark = pytest.mark.usefixtures("backend")
 
 
 def test_rebuild_matches_committed_bytes(tmp_path: Path, sample: Path) -> None:

@@ -23,11 +23,13 @@ from engine import (
     ChangeRejected,
     Published,
     PublishRequest,
-    SqliteStore,
     StaleGeneration,
     new_package_id,
     verify_store,
 )
+from tests.store_helpers import open_ro, open_rw
+
+pytestmark = pytest.mark.usefixtures("backend")
 
 WRITE_ONCE = ["inputs/a.txt", "inputs/b.log", "case/x.json", "analysis/h/1.json"]
 PATHS = st.sampled_from([*WRITE_ONCE, "notes/n.txt", "extra/e.bin"])
@@ -43,7 +45,7 @@ class ChainMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = tempfile.TemporaryDirectory()
         # A tiny inline threshold exercises both blob paths (row and fsynced file).
-        self.store = SqliteStore.open(Path(self.dir.name), write=True, inline_threshold=32)
+        self.store = open_rw(Path(self.dir.name), inline_threshold=32)
         self.packages: dict[str, str] = {}            # case_id -> package_id
         self.heads: dict[str, int] = {}               # case_id -> generation
         self.history: dict[tuple[str, int], bytes] = {}
@@ -155,7 +157,7 @@ class TestConcurrentPublishers:
         publication is a distinct generation, the chain is linear, stale ones wrote nothing."""
         with tempfile.TemporaryDirectory() as tmp:
             acked = trio.run(_race, Path(tmp), tasks, each, group_commit)
-            store = SqliteStore.open(Path(tmp), write=False)
+            store = open_ro(Path(tmp))
             rows = store.generations(acked["pkg"])
             assert len(rows) == 1 + tasks * each
             assert sorted(acked["gens"]) == list(range(2, 2 + tasks * each))

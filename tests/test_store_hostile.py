@@ -30,6 +30,8 @@ from engine import (
 from tests.conftest import PYTHON, Cli, child_env, run_viano, snapshot, unprivileged
 from tests.store_helpers import create, open_ro, open_rw, sql
 
+pytestmark = pytest.mark.usefixtures("backend")
+
 
 def _report(tmp: Path, text: str = '{"title": "t", "body": "b"}') -> Path:
     p = tmp / "report.json"
@@ -186,6 +188,7 @@ class TestDamagedBytesAreNeverServed:
         assert not [p for p in tmp_path.iterdir() if p.name.startswith(".viano-export")]
 
 
+@pytest.mark.sqlite_only  # a copied store.sqlite3; PostgreSQL's: test_store_postgres.py
 class TestForeignIndexes:
     def test_a_copied_index_or_a_missing_id_is_refused_by_everything(
             self, cli: Cli, tmp_path: Path, sample: Path) -> None:
@@ -359,9 +362,9 @@ class TestClosingUnderUse:
         store_unavailable, not a crash."""
         import threading
 
-        from engine import SqliteStore, StorageError
+        from engine import StorageError
 
-        store = SqliteStore.open(tmp_path / "s", write=True)
+        store = open_rw(tmp_path / "s")
         inside, release, closed = threading.Event(), threading.Event(), threading.Event()
 
         def reader() -> None:

@@ -32,6 +32,8 @@ from engine import (
 from tests.conftest import PYTHON, Cli, child_env, snapshot
 from tests.store_helpers import create, open_ro, open_rw, sql
 
+pytestmark = pytest.mark.usefixtures("backend")
+
 Mutation = Callable[[Path], None]
 MUTATIONS: dict[str, Mutation] = {
     "one byte flipped": lambda p: p.write_bytes(bytes([p.read_bytes()[0] ^ 1])

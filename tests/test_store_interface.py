@@ -26,6 +26,8 @@ from engine import (
 )
 from tests.store_helpers import create, open_ro, open_rw
 
+pytestmark = pytest.mark.usefixtures("backend")
+
 
 class TestSnapshot:
     async def test_reads_come_from_one_generation(self, tmp_path: Path) -> None:

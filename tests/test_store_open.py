@@ -24,6 +24,9 @@ from tests.conftest import (
     snapshot,
     unprivileged,
 )
+from tests.store_helpers import open_ro
+
+pytestmark = pytest.mark.usefixtures("backend")
 
 FIXTURE_V1 = Path(__file__).with_name("fixtures") / "store-v1.zip"
 
@@ -34,6 +37,7 @@ def _intake(cli: Cli, sample: Path, store: Path) -> None:
     assert r.code == 0, r.err
 
 
+@pytest.mark.sqlite_only  # SQLite's index file; PostgreSQL's: test_store_postgres.py
 class TestDamagedIndex:
     """A 0-byte, schema-less or foreign store.sqlite3 is store_corrupt for every command,
     and nothing is written over it; gc deletes nothing."""
@@ -106,6 +110,7 @@ class TestDamagedIndex:
         assert r.json["error"]["reason"] == "store_corrupt"  # type: ignore[index]
 
 
+@pytest.mark.sqlite_only  # what a store folder holds; PostgreSQL's: test_store_postgres.py
 class TestNotAStore:
     def test_store_naming_a_file(self, cli: Cli, tmp_path: Path, sample: Path) -> None:
         """--store naming a regular file is a refusal (exit 2) for reads and writes alike;
@@ -165,13 +170,14 @@ class TestCreation:
             assert p.wait(timeout=120) == 0, p.stderr.read() if p.stderr else ""
             if p.stderr:
                 p.stderr.close()
-        check = SqliteStore.open(store, write=False)
+        check = open_ro(store)
         assert sorted(r.case_id for r in check.list_cases()) == ["C-0", "C-1", "C-2", "C-3"]
         check.close()
         assert not list(store.glob("store.sqlite3.creating*"))
 
 
 @pytest.mark.skipif(unprivileged() is None, reason="needs setpriv to drop root's powers")
+@pytest.mark.sqlite_only  # file permissions on SQLite's files; PostgreSQL's: test_store_postgres.py
 class TestReadOnlyStore:
     def test_read_commands_work_on_a_store_the_user_cannot_write(
             self, cli: Cli, sample: Path, tmp_path: Path) -> None:
@@ -204,6 +210,7 @@ class TestReadOnlyStore:
         assert zipfile.is_zipfile(out / "bug.zip")
 
 
+@pytest.mark.sqlite_only  # SQLite's schema versions; PostgreSQL's: test_store_postgres.py
 class TestMigration:
     """A store written by the landed version-1 code (tests/fixtures/store-v1.zip) opens."""
 

@@ -5,7 +5,6 @@ temporaries."""
 from __future__ import annotations
 
 import os
-import sqlite3
 import time
 from pathlib import Path
 
@@ -13,7 +12,9 @@ import pytest
 
 from engine import BytesSource
 from tests.conftest import Cli
-from tests.store_helpers import open_ro, open_rw, sql
+from tests.store_helpers import open_ro, open_rw, query, sql
+
+pytestmark = pytest.mark.usefixtures("backend")
 
 
 def _intake(cli: Cli, sample: Path, store: Path, case_id: str = "BUG-20") -> None:
@@ -99,14 +100,11 @@ class TestVerify:
         error; the other cases still verify."""
         _intake(cli, sample, store_dir, "BUG-20")
         _intake(cli, sample, store_dir, "OK-1")
-        conn = sqlite3.connect(store_dir / "store.sqlite3")
-        pkg = conn.execute("SELECT package_id FROM refs WHERE case_id='BUG-20'").fetchone()[0]
-        raw = bytearray(conn.execute("SELECT manifest FROM generations WHERE package_id=?",
-                                     (pkg,)).fetchone()[0])
+        pkg = query(store_dir, "SELECT package_id FROM refs WHERE case_id='BUG-20'")[0][0]
+        raw = bytearray(query(store_dir, "SELECT manifest FROM generations WHERE "
+                                         "package_id=?", pkg)[0][0])
         raw[offset] ^= 0x04
-        conn.execute("UPDATE generations SET manifest=? WHERE package_id=?", (bytes(raw), pkg))
-        conn.commit()
-        conn.close()
+        sql(store_dir, "UPDATE generations SET manifest=? WHERE package_id=?", bytes(raw), pkg)
         doc = _verify(cli, store_dir)
         assert not doc["ok"] and doc["cases_affected"] == ["BUG-20"]
         for args in (["show", "BUG-20"], ["cat", "BUG-20", "inputs/report.json"]):

@@ -321,7 +321,10 @@ class PostgresStore:
                       g.phase, g.created_at) for g in rows.generations])
             if rows.refs:
                 cur.executemany(
-                    f"INSERT INTO viano_refs ({REF_COLUMNS}) VALUES ({', '.join(['%s'] * 14)}) "
+                    "INSERT INTO viano_refs (package_id, case_id, generation, phase, "
+                    "analysis_revision, updated_at, status, status_phase, reason, round, "
+                    "max_rounds, due_at, attempt_id, calls_started) VALUES (%s, %s, %s, %s, "
+                    "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
                     "ON CONFLICT (package_id) DO UPDATE SET generation=excluded.generation, "
                     "phase=excluded.phase, analysis_revision=excluded.analysis_revision, "
                     "updated_at=excluded.updated_at, status=excluded.status, "
@@ -572,15 +575,23 @@ def _conninfo(psycopg: Any, url: str, write: bool) -> str:
     return str(make_conninfo(url, **extra))
 
 
+def _has_schema(conn: Any) -> bool:
+    # A scan of the catalog (a fresh snapshot per statement), not to_regclass: its cache can
+    # miss a table that another creator committed while this one waited for the lock.
+    return bool(conn.execute("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_tables WHERE "
+                             "schemaname = current_schema() AND tablename = 'viano_meta')"
+                             ).fetchone()[0])
+
+
 def _open_schema(conn: Any, shown: str, *, write: bool, create: bool) -> str:
     """The store id of the database's store, creating the schema if asked and absent."""
-    if conn.execute("SELECT to_regclass('viano_meta')").fetchone()[0] is None:
+    if not _has_schema(conn):
         if not (write and create):
             raise NotFound(f"no store at {shown}", reason="no_store",
                            hint="Create one with 'viano intake --store URL'.")
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (CREATE_LOCK,))
-            if conn.execute("SELECT to_regclass('viano_meta')").fetchone()[0] is None:
+            if not _has_schema(conn):
                 foreign = [r[0] for r in conn.execute(
                     "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
                     "AND tablename <> ALL(%s) ORDER BY 1 LIMIT 3", (list(TABLES),))]

@@ -90,7 +90,7 @@ class Provider:
         if not self.log.exists():
             return []
         out = [json.loads(x) for x in self.log.read_text().splitlines() if x.strip()]
-        return [c for c in out if c["t"] >= since]
+        return [c for c in out if c["t"] >= since and "end" not in c]  # arrivals only
 
     def stop(self) -> None:
         self.proc.kill()

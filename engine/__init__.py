@@ -151,6 +151,7 @@ from ._store import Manifest as Manifest
 from ._store import Outcome as Outcome
 from ._store import PackageCheck as PackageCheck
 from ._store import PlanInput as PlanInput
+from ._store import PostgresStore as PostgresStore
 from ._store import Published as Published
 from ._store import PublishRequest as PublishRequest
 from ._store import Request as Request
@@ -166,6 +167,7 @@ from ._store import build_manifest as build_manifest
 from ._store import collect_garbage as collect_garbage
 from ._store import crash_point as crash_point
 from ._store import disarm_crash_points as disarm_crash_points
+from ._store import display_location as display_location
 from ._store import encode_manifest as encode_manifest
 from ._store import iso_utc as iso_utc
 from ._store import open_backend as open_backend

@@ -21,6 +21,8 @@ from ._open import open_backend as open_backend
 from ._plan import GenerationRow as GenerationRow
 from ._plan import PlanInput as PlanInput
 from ._plan import plan_batch as plan_batch
+from ._postgres import PostgresStore as PostgresStore
+from ._postgres import display_location as display_location
 from ._protocol import BlobInfo as BlobInfo
 from ._protocol import CaseRef as CaseRef
 from ._protocol import Store as Store

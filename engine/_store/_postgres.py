@@ -94,6 +94,11 @@ def display_url(url: str) -> str:
         return "postgresql://(unparseable URL)"
 
 
+def display_location(location: str) -> str:
+    """A store location as it may be printed or logged (a URL loses its password)."""
+    return display_url(location) if is_postgres_url(location) else location
+
+
 def _driver() -> tuple[Any, Any]:
     try:
         import psycopg
@@ -682,6 +687,12 @@ def _translate(shown: str, doing: str) -> Iterator[None]:
         import psycopg_pool
 
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if isinstance(exc, (psycopg.errors.InsufficientPrivilege,
+                            psycopg.errors.ReadOnlySqlTransaction)):
+            raise StorageError(f"could not {doing} at {shown}: {first}",
+                               reason="store_read_only",
+                               hint="This database role may only read the store; read "
+                                    "commands still work.") from exc
         unavailable = isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError,
                                        psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed))
         raise StorageError(f"could not {doing} at {shown}: {first}",

@@ -44,12 +44,23 @@ def main() -> None:
     if args.log:
         log = open(args.log, "a", buffering=1)  # noqa: SIM115 - open for the server's life
 
+        started: dict[int, float] = {}
+
         def record(r: Received) -> None:
+            started[id(r)] = time.time()
             log.write(json.dumps({"mode": r.mode, "prompt_id": r.prompt_id,
                                   "case_id": r.case_id, "path": r.path,
-                                  "t": time.time()}) + "\n")
+                                  "t": started[id(r)]}) + "\n")
+
+        def done(r: Received) -> None:
+            # The same call again, with the time its answer ended (or the caller vanished):
+            # [t, end] is when the call was in flight.
+            log.write(json.dumps({"mode": r.mode, "prompt_id": r.prompt_id,
+                                  "case_id": r.case_id, "path": r.path,
+                                  "t": started.pop(id(r), 0.0), "end": time.time()}) + "\n")
 
         server.on_request = record
+        server.on_done = done
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:

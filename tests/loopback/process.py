@@ -7,6 +7,7 @@ import json
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import PYTHON, REPO, child_env
 
@@ -30,6 +31,16 @@ class Provider:
 
     @property
     def calls(self) -> list[dict[str, str]]:
+        """Every request, as it arrived."""
+        return [c for c in self._lines() if "end" not in c]
+
+    @property
+    def finished(self) -> list[dict[str, Any]]:
+        """Every request that ended (answered, failed or cut off), with its arrival ``t``
+        and its ``end``: when it was in flight."""
+        return [c for c in self._lines() if "end" in c]
+
+    def _lines(self) -> list[dict[str, Any]]:
         if not self.log.exists():
             return []
         return [json.loads(x) for x in self.log.read_text().splitlines() if x.strip()]

@@ -89,6 +89,7 @@ class LoopbackServer:
         self.content: str | None = None  # when set, the exact content of every ok answer
         self.answers: dict[str, str] = {}  # prompt id -> content of an ok answer to it
         self.on_request: Callable[[Received], None] | None = None
+        self.on_done: Callable[[Received], None] | None = None  # answered, failed or cut off
         # Per-request choices (batch tests): a mode, or the content of an ok answer.
         self.mode_for: Callable[[Received], str | None] | None = None
         self.content_for: Callable[[Received], str | None] | None = None
@@ -138,8 +139,13 @@ class LoopbackServer:
                     self.requests.append(received)
                 if self.on_request is not None:
                     self.on_request(received)
-                if not await self._respond(conn, stream, mode, request.target.decode(), headers,
-                                           received):
+                try:
+                    answered = await self._respond(conn, stream, mode,
+                                                   request.target.decode(), headers, received)
+                finally:
+                    if self.on_done is not None:
+                        self.on_done(received)
+                if not answered:
                     return
                 if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
                     return

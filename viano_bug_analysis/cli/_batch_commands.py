@@ -24,7 +24,7 @@ from actors import CaseResult, Engine, log_event, worst_exit
 from engine import EXIT_INTERRUPTED, Config, UsageError, VianoError
 
 from .._engine import open_engine
-from ._context import store_location
+from ._context import store_location, store_shown
 from ._output import Output
 from ._phase_commands import require_providers
 
@@ -232,7 +232,7 @@ async def _daemon(args: argparse.Namespace, out: Output, config: Config) -> None
         with work:
             async with open_engine(store=store_location(args, config), config=config,
                                    concurrency=args.concurrency, create=False) as engine:
-                out.note(f"viano daemon: {store_location(args, config)}, concurrency "
+                out.note(f"viano daemon: {store_shown(args, config)}, concurrency "
                          f"{args.concurrency}; SIGTERM or Ctrl-C stops it")
                 try:
                     async with trio.open_nursery() as nursery:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from engine import Config, Store, open_backend
+from engine import Config, Store, display_location, open_backend
 
 DEFAULT_STORE = "viano-store"
 
@@ -17,6 +17,11 @@ def store_location(args: argparse.Namespace, config: Config) -> str:
     """``--store``, else ``VIANO_STORE``, else ``[store] url``, else ``./viano-store``."""
     return str(args.store or os.environ.get("VIANO_STORE") or config.store.url
                or DEFAULT_STORE)
+
+
+def store_shown(args: argparse.Namespace, config: Config) -> str:
+    """The store's location as it may be printed: a PostgreSQL URL without its password."""
+    return display_location(store_location(args, config))
 
 
 def store_path(args: argparse.Namespace, config: Config) -> Path:

@@ -79,9 +79,9 @@ def _globals(with_defaults: bool) -> Parser:
     def default(value: object) -> object:
         return value if with_defaults else argparse.SUPPRESS
 
-    g.add_argument("--store", metavar="PATH", default=default(None),
-                   help="the case store (env VIANO_STORE, else [store] url in the config; "
-                        "default ./viano-store)")
+    g.add_argument("--store", metavar="PATH|URL", default=default(None),
+                   help="the case store: a folder (SQLite) or postgresql://… (env "
+                        "VIANO_STORE, else [store] url in the config; default ./viano-store)")
     g.add_argument("--config", metavar="PATH", default=default(None),
                    help="configuration file (env VIANO_CONFIG; default "
                         "config/analysis.local.toml if it exists, else built-in defaults)")

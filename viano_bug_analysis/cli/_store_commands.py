@@ -35,7 +35,7 @@ from engine import (
     verify_store,
 )
 
-from ._context import reading, store_location, store_path, writing
+from ._context import reading, store_location, store_path, store_shown, writing
 from ._output import Output
 
 
@@ -63,14 +63,14 @@ def cmd_status(args: argparse.Namespace, out: Output, config: Config) -> int:
         known = {r.case_id for r in refs}
         missing = [c for c in args.cases if c not in known]
         if missing:
-            raise NotFound(f"no case {missing[0]!r} in {store_location(args, config)}",
+            raise NotFound(f"no case {missing[0]!r} in {store_shown(args, config)}",
                            reason="unknown_case")
         refs = [r for r in refs if r.case_id in set(args.cases)]
     rows = [status_row(r) for r in refs]
     if out.as_json:
         out.document(rows)
     elif not rows:
-        out.line(f"no cases in {store_location(args, config)} ('viano intake' adds one)")
+        out.line(f"no cases in {store_shown(args, config)} ('viano intake' adds one)")
     else:
         out.table(None, ["case", "phase", "status", "reason", "round", "revision",
                          "generation", "due"],

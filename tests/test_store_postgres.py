@@ -1,0 +1,362 @@
+"""What only the PostgreSQL backend has: opening a database (schema, format, foreign tables,
+the blob root, URLs and their passwords, a role that may only read), leases as rows shared
+by workers (claims with SKIP LOCKED, expiry, renewal, the fence on a worker whose lease was
+taken over), the CLI with ``[store] url``, and export/import across the two backends.
+
+The behaviour both backends share is tested by running the store, phase and CLI tests on
+both (the ``backend`` fixture); this file holds what has no SQLite counterpart."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from engine import (
+    BytesSource,
+    CaseLocked,
+    CaseStatus,
+    Change,
+    ConfigError,
+    NotAStore,
+    NotFound,
+    Published,
+    PublishRequest,
+    StaleGeneration,
+    StorageError,
+    open_backend,
+)
+from tests.conftest import PYTHON, Cli, child_env, run_viano
+from tests.phase_helpers import completed_sample_store
+from tests.store_helpers import create
+
+
+def _open(url: str, root: Path, *, write: bool = True, **kw: Any) -> Any:
+    return open_backend(url, write=write, blob_root=str(root), **kw)
+
+
+def _tables(url: str) -> list[str]:
+    with psycopg.connect(url) as conn:
+        return [r[0] for r in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() ORDER BY 1")]
+
+
+def _exec(url: str, stmt: str, *params: object) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        cur = conn.execute(stmt, params)  # type: ignore[arg-type]
+        return [tuple(r) for r in cur.fetchall()] if cur.description else []
+
+
+def _config(tmp: Path, url: str, blob_root: Path, *, lease_s: float = 30,
+            extra: str = "") -> Path:
+    path = tmp / f"viano-{os.urandom(3).hex()}.toml"
+    path.write_text(f'[store]\nurl = "{url}"\nblob_root = "{blob_root}"\nlease_s = {lease_s}\n'
+                    + extra)
+    return path
+
+
+class TestOpening:
+    def test_a_read_only_open_of_an_empty_database_creates_nothing(self, pg_url: str,
+                                                                   tmp_path: Path) -> None:
+        with pytest.raises(NotFound) as info:
+            _open(pg_url, tmp_path / "blobs", write=False)
+        assert info.value.reason == "no_store"
+        assert _tables(pg_url) == [] and not (tmp_path / "blobs").exists()
+
+    def test_a_write_open_creates_the_schema_and_its_version(self, pg_url: str,
+                                                             tmp_path: Path) -> None:
+        store = _open(pg_url, tmp_path / "b")
+        out = store.commit_batch([create("PG-1")])
+        assert isinstance(out[0], Published)
+        store.close()
+        assert _tables(pg_url) == ["viano_blobs", "viano_generations", "viano_leases",
+                                   "viano_meta", "viano_refs"]
+        meta = dict(_exec(pg_url, "SELECT key, value FROM viano_meta"))
+        assert meta["format"] == "viano-pg/1"
+        assert (tmp_path / "b" / "store-id").read_text().strip() == meta["store_id"]
+        again = _open(pg_url, tmp_path / "b", write=False)
+        assert [c.case_id for c in again.list_cases()] == ["PG-1"]
+        again.close()
+
+    @pytest.mark.parametrize(("value", "reason"), [("viano-pg/2", "store_format"),
+                                                   ("viano-pg/0", "store_format"),
+                                                   ("viano-store/2", "store_corrupt"),
+                                                   ("", "store_corrupt")])
+    def test_another_format_is_refused(self, pg_url: str, tmp_path: Path, value: str,
+                                       reason: str) -> None:
+        _open(pg_url, tmp_path / "b").close()
+        _exec(pg_url, "UPDATE viano_meta SET value = %s WHERE key = 'format'", value)
+        for write in (False, True):
+            with pytest.raises(StorageError) as info:
+                _open(pg_url, tmp_path / "b", write=write)
+            assert info.value.reason == reason, (write, info.value.message)
+
+    def test_a_database_holding_other_tables_is_not_taken_over(self, pg_url: str,
+                                                               tmp_path: Path) -> None:
+        _exec(pg_url, "CREATE TABLE invoices (id int)")
+        with pytest.raises(NotAStore):
+            _open(pg_url, tmp_path / "b")
+        assert _tables(pg_url) == ["invoices"]
+
+    def test_a_blob_root_is_required(self, pg_url: str) -> None:
+        with pytest.raises(ConfigError) as info:
+            open_backend(pg_url, write=True)
+        assert "blob_root" in info.value.hint
+
+    def test_a_blob_root_of_another_store_is_refused(self, pg_url: str, pg_databases: Any,
+                                                     tmp_path: Path) -> None:
+        _open(pg_url, tmp_path / "b").close()
+        other = pg_databases.create()
+        with pytest.raises(StorageError) as info:
+            _open(other, tmp_path / "b")
+        assert info.value.reason == "store_corrupt"
+        (tmp_path / "c" / "blobs").mkdir(parents=True)  # blobs, but no store-id
+        with pytest.raises(StorageError) as info:
+            _open(other, tmp_path / "c")
+        assert info.value.reason == "store_corrupt"
+
+    def test_a_password_never_reaches_a_message_or_the_location(self, tmp_path: Path
+                                                                ) -> None:
+        url = "postgresql://viano:hunter2secret@127.0.0.1:1/viano?connect_timeout=2"
+        with pytest.raises(StorageError) as info:
+            _open(url, tmp_path / "b")
+        assert info.value.reason == "store_unavailable"
+        assert "hunter2secret" not in f"{info.value.message} {info.value.hint}"
+        assert "viano@127.0.0.1:1/viano" in info.value.message
+        r = run_viano("status", "--store", url, "--config",
+                      _config(tmp_path, url, tmp_path / "b"), "--json")
+        assert r.returncode == 1 and "hunter2secret" not in r.stdout + r.stderr
+        assert json.loads(r.stdout)["error"]["reason"] == "store_unavailable"
+        url2 = "postgresql://viano@127.0.0.1:1/viano?password=hunter2secret&connect_timeout=2"
+        r = run_viano("status", "--store", url2, "--config",
+                      _config(tmp_path, url2, tmp_path / "b"))
+        assert r.returncode == 1 and "hunter2secret" not in r.stdout + r.stderr
+
+    def test_a_bad_url_is_a_refusal(self, tmp_path: Path) -> None:
+        with pytest.raises(NotAStore):
+            _open("postgresql://[bad", tmp_path / "b")
+
+    def test_without_the_driver_the_refusal_names_the_extra(self, tmp_path: Path,
+                                                            pg_url: str) -> None:
+        code = ("import sys; sys.modules['psycopg'] = None\n"
+                "from viano_bug_analysis.cli import run; run()")
+        r = subprocess.run([PYTHON, "-c", code, "status", "--json", "--store", pg_url,
+                            "--config", str(_config(tmp_path, pg_url, tmp_path / "b"))],
+                           capture_output=True, text=True, env=child_env(), timeout=60,
+                           check=False)
+        assert r.returncode == 1, r.stderr
+        err = json.loads(r.stdout)["error"]
+        assert err["reason"] == "store_unavailable" and "viano[postgres]" in err["hint"]
+
+    def test_a_role_that_may_only_read_runs_every_read_command(
+            self, cli: Cli, pg_url: str, tmp_path: Path, sample: Path) -> None:
+        """status, show, cat, log, verify and export on a store the user can read but not
+        write (a SELECT-only role); a write is refused by the server, not half-done."""
+        cfg = _config(tmp_path, pg_url, tmp_path / "b")
+        assert cli("intake", "--config", cfg, "--report", sample / "report.json").code == 0
+        _exec(pg_url, "CREATE ROLE reader LOGIN")
+        _exec(pg_url, "GRANT SELECT ON ALL TABLES IN SCHEMA public TO reader")
+        ro_url = pg_url.replace("postgres:@", "reader@", 1)
+        ro = _config(tmp_path, ro_url, tmp_path / "b")
+        for args in (["status"], ["show", "BUG-20"], ["cat", "BUG-20", "inputs/report.json"],
+                     ["log", "BUG-20"], ["verify"],
+                     ["export", "BUG-20", tmp_path / "out.zip"]):
+            r = cli(*args, "--config", ro)
+            assert r.code == 0, (args, r.err)
+        r = cli("intake", "--config", ro, "--report", sample / "report.json", "--case-id",
+                "NEW-2", "--json")
+        assert r.code == 1 and r.json["error"]["reason"] == "store_read_only"  # type: ignore[index]
+        assert [c.case_id for c in _open(pg_url, tmp_path / "b", write=False).list_cases()
+                ] == ["BUG-20"]
+
+
+class TestLeases:
+    def test_a_lease_held_by_another_worker_is_refused_at_once(self, pg_url: str,
+                                                               tmp_path: Path) -> None:
+        a, b = _open(pg_url, tmp_path / "b"), _open(pg_url, tmp_path / "b")
+        try:
+            with a.lease("L-1"):
+                with pytest.raises(CaseLocked), b.lease("L-1"):
+                    pass
+                with b.lease("L-2"):  # other cases are independent
+                    pass
+                with pytest.raises(CaseLocked), a.lease("L-1"):  # not re-entrant either
+                    pass
+            with b.lease("L-1"):  # released
+                pass
+        finally:
+            a.close()
+            b.close()
+
+    def test_an_expired_lease_is_taken_over_and_the_late_worker_is_fenced(
+            self, pg_url: str, tmp_path: Path) -> None:
+        """A worker that stalls past its lease: another takes the case over; the stalled
+        one's commit for that case is refused (lease_lost) and writes nothing, while its
+        other requests in the same batch commit."""
+        a, b = _open(pg_url, tmp_path / "b"), _open(pg_url, tmp_path / "b")
+        try:
+            first = a.commit_batch([create("F-1"), create("F-2")])
+            assert all(isinstance(o, Published) for o in first)
+            with a.lease("F-1"):
+                _exec(pg_url, "UPDATE viano_leases SET expires_at = now() - interval '1 s'")
+                with b.lease("F-1"):
+                    late = [PublishRequest(o.package_id, o.case_id, 1, Change(
+                        files={"notes/n.txt": BytesSource.of(b"late")})) for o in first]
+                    out = a.commit_batch(late)
+                    assert isinstance(out[0], StaleGeneration)
+                    assert out[0].reason == "lease_lost"
+                    assert isinstance(out[1], Published)  # F-2 is nobody else's
+                    assert a.case("F-1").generation == 1 and a.case("F-2").generation == 2
+                    a.leases.renew()
+                    assert a.leases.lost == 1
+        finally:
+            a.close()
+            b.close()
+
+    def test_renewal_pushes_the_expiry_of_every_lease_held(self, pg_url: str,
+                                                           tmp_path: Path) -> None:
+        a = _open(pg_url, tmp_path / "b", lease_s=60)
+        try:
+            with a.lease("R-1"), a.lease("R-2"):
+                _exec(pg_url, "UPDATE viano_leases SET expires_at = now() + interval '5 s'")
+                a.leases.renew()
+                left = _exec(pg_url, "SELECT EXTRACT(EPOCH FROM expires_at - now()) "
+                                     "FROM viano_leases ORDER BY case_id")
+                assert len(left) == 2 and all(float(s) > 50 for (s,) in left)
+            assert _exec(pg_url, "SELECT count(*) FROM viano_leases") == [(0,)]
+        finally:
+            a.close()
+
+    def test_concurrent_claims_are_disjoint_and_skip_live_leases(self, pg_url: str,
+                                                                 tmp_path: Path) -> None:
+        """Four workers claiming the due index at the same moment get disjoint cases
+        (SKIP LOCKED), together every due case once; a case another worker holds live is
+        never claimed, an expired one is."""
+        seed = _open(pg_url, tmp_path / "b")
+        seed.commit_batch([create(f"Q-{i:03d}") for i in range(120)])
+        workers = [_open(pg_url, tmp_path / "b") for _ in range(4)]
+        got: dict[int, list[str]] = {}
+        start = threading.Barrier(4)
+
+        def claim(i: int) -> None:
+            start.wait()
+            got[i] = [r.case_id for r in workers[i].claim_due(0.0, 40)]
+
+        try:
+            with seed.lease("Q-000"):
+                threads = [threading.Thread(target=claim, args=(i,)) for i in range(4)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(30)
+                claimed = [c for ids in got.values() for c in ids]
+                assert len(claimed) == len(set(claimed)) == 119
+                assert "Q-000" not in claimed
+                late = _open(pg_url, tmp_path / "b")
+                assert late.claim_due(0.0, 40) == []  # every due case is claimed
+                _exec(pg_url, "UPDATE viano_leases SET expires_at = now() - interval '1 s' "
+                              "WHERE case_id = 'Q-001'")
+                assert [r.case_id for r in late.claim_due(0.0, 40)] == ["Q-001"]
+                late.close()
+            # a claim is taken up by the claimer's own lease without a second owner
+            owner = next(i for i, ids in got.items() if "Q-002" in ids)
+            with workers[owner].lease("Q-002"), pytest.raises(CaseLocked), \
+                    workers[(owner + 1) % 4].lease("Q-002"):
+                pass
+        finally:
+            for w in workers:
+                w.close()
+            seed.close()
+        # closing a worker gives back its claims
+        assert _exec(pg_url, "SELECT count(*) FROM viano_leases") == [(0,)]
+
+    def test_a_retry_is_claimed_only_when_due(self, pg_url: str, tmp_path: Path) -> None:
+        store = _open(pg_url, tmp_path / "b")
+        try:
+            out = store.commit_batch([create("D-1")])[0]
+            status = CaseStatus(status="RETRY_PENDING", phase="INTERPRETING_CASE",
+                                reason="providers_unavailable", round=1, max_rounds=3,
+                                due_at=1000.0, attempt_id="default")
+            store.commit_batch([PublishRequest(out.package_id, "D-1", 1, Change(
+                files={"notes/x": BytesSource.of(b"x")}), status)])
+            assert store.claim_due(999.0, 10) == [] and store.next_due() == 1000.0
+            assert [r.case_id for r in store.claim_due(1000.0, 10)] == ["D-1"]
+        finally:
+            store.close()
+
+
+class TestCli:
+    def test_every_command_on_a_store_named_in_the_config(
+            self, cli: Cli, pg_url: str, pg_databases: Any, tmp_path: Path, sample: Path
+            ) -> None:
+        """[store] url and blob_root in the config (no --store): intake with a large
+        attachment (a blob file under the blob root), then status, show, cat, log, verify,
+        gc, export and import."""
+        cfg = _config(tmp_path, pg_url, tmp_path / "shared")
+        big = tmp_path / "big.log"
+        big.write_bytes(os.urandom(300_000))
+        assert cli("intake", "--config", cfg, "--report", sample / "report.json",
+                   "--attach", f"diagnostics={big}").code == 0
+        assert list((tmp_path / "shared" / "blobs").rglob("*"))  # the large blob's file
+        assert cli("status", "--config", cfg, "--json").json[0]["case_id"] == "BUG-20"  # type: ignore[index]
+        assert cli("show", "--config", cfg, "BUG-20").code == 0
+        r = cli("cat", "--config", cfg, "BUG-20", "inputs/report.json")
+        assert r.code == 0 and r.out == (sample / "report.json").read_text()
+        assert cli("log", "--config", cfg, "BUG-20").code == 0
+        assert cli("verify", "--config", cfg, "--json").json["ok"]  # type: ignore[index]
+        assert cli("gc", "--config", cfg, "--min-age", "0", "--json").code == 0
+        assert cli("verify", "--config", cfg, "--json").json["ok"]  # type: ignore[index]
+        out = tmp_path / "e.zip"
+        assert cli("export", "--config", cfg, "BUG-20", out).code == 0
+        other_url = pg_databases.create()
+        other = _config(tmp_path, other_url, tmp_path / "other-blobs")
+        assert cli("import", "--config", other, out).code == 0
+        imported = _open(other_url, tmp_path / "other-blobs", write=False)
+        ref = imported.case("BUG-20")
+        entry = imported.manifest(ref.package_id, ref.generation).files[f"inputs/{big.name}"]
+        assert imported.read_blob(entry.sha256) == big.read_bytes()
+        assert imported.blob_info(entry.sha256).inline is False  # a file under its root
+        imported.close()
+        assert cli("verify", "--config", other, "--json").json["ok"]  # type: ignore[index]
+
+
+class TestAcrossBackends:
+    def test_sqlite_to_postgresql_and_back_keeps_every_manifest_and_hash(
+            self, cli: Cli, pg_url: str, pg_databases: Any, tmp_path: Path) -> None:
+        """A completed case exported from SQLite, imported into PostgreSQL, exported again
+        and imported into a new SQLite store: the same generations, byte for byte, with
+        the same hashes, and every store verifies."""
+        src = completed_sample_store(tmp_path / "sqlite-a")
+        assert cli("export", "--store", src, "BUG-20", tmp_path / "a.zip").code == 0
+        cfg = _config(tmp_path, pg_url, tmp_path / "pg-blobs")
+        r = cli("import", "--config", cfg, tmp_path / "a.zip")
+        assert r.code == 0, r.err
+        assert cli("export", "--config", cfg, "BUG-20", tmp_path / "b.zip"
+                   ).code == 0
+        assert cli("import", "--store", tmp_path / "sqlite-b", tmp_path / "b.zip").code == 0
+        stores = [open_backend(src, write=False),
+                  open_backend(pg_url, write=False, blob_root=str(tmp_path / "pg-blobs")),
+                  open_backend(tmp_path / "sqlite-b", write=False)]
+        try:
+            histories, contents = [], []
+            for store in stores:
+                ref = store.case("BUG-20")
+                histories.append([(g.generation, g.manifest_sha256, g.manifest)
+                                  for g in store.generations(ref.package_id)])
+                contents.append({p: store.read_blob(e.sha256) for p, e in  # hash-checked
+                                 store.manifest(ref.package_id, ref.generation).files.items()})
+            assert len(histories[0]) >= 5 and len(contents[0]) >= 10
+            assert histories[0] == histories[1] == histories[2]
+            assert contents[0] == contents[1] == contents[2]
+        finally:
+            for store in stores:
+                store.close()
+        for args in (["--store", str(src)], ["--config", str(cfg)],
+                     ["--store", str(tmp_path / "sqlite-b")]):
+            assert cli("verify", *args, "--json").json["ok"]  # type: ignore[index]

@@ -33,15 +33,12 @@ import argparse
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -51,14 +48,13 @@ sys.path.insert(0, str(REPO))
 from bench._common import median, print_table, write_json  # noqa: E402
 from engine import open_backend  # noqa: E402
 from tests.batch_helpers import write_generic_answers  # noqa: E402
+from tests.invariants import repeated_calls, store_violations  # noqa: E402
 
 VIANO = [sys.executable, "-c", "from viano_bug_analysis.cli import run; run()"]
 INTAKE_POINTS = ("blob.write", "blob.fsync", "blob.rename", "blob.dirsync",
                  "batch.blobs_ready", "txn.before_commit", "txn.after_commit")
 PHASE_POINTS = ("phase.entered", "phase.answered", "phase.recorded", "phase.judged",
                 "txn.before_commit:3", "txn.after_commit:3")
-PROMPT_OF = {"interpretation": "interpretation_v1", "hypotheses": "hypotheses_v1"}
-INITIAL_BUDGET = 100
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -131,67 +127,19 @@ def make_inputs(folder: Path, cases: int) -> dict[str, dict[str, bytes]]:
     return originals
 
 
-def _posix(iso: str) -> float:
-    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
-
-
 def check(store_root: Path, originals: dict[str, bytes], calls: list[dict[str, Any]]
           ) -> tuple[list[str], int]:
-    """(violations, repeated calls) of one finished run."""
+    """(violations, repeated calls) of one finished run (see tests/invariants.py)."""
     problems: list[str] = []
     r = viano("verify", "--store", store_root)
     if r.returncode != 0:
         problems.append(f"verify: {r.stdout.strip()[-300:]}")
     store = open_backend(str(store_root), write=False)
-    per_call = Counter((c["case_id"], c["prompt_id"]) for c in calls)
-    repeated = sum(n - 1 for n in per_call.values() if n > 1)
-    seen_originals: dict[str, bytes] = {}
     try:
-        for ref in store.list_cases():
-            m = store.manifest(ref.package_id, ref.generation)
-            case = ref.case_id
-            status = ref.status.status if ref.status else None
-            if status != "COMPLETED":
-                problems.append(f"{case}: status {status}, not COMPLETED")
-            for rev in range(1, m.analysis_revision + 1):
-                interp = f"analysis/interpretation/{rev:04d}/interpretation.json"
-                hyps = [p for p in m.files
-                        if re.fullmatch(rf"analysis/hypotheses/{rev:04d}/hypotheses\.json", p)]
-                if interp not in m.files:
-                    problems.append(f"{case}: no accepted interpretation in revision {rev}")
-                if len(hyps) > 1:
-                    problems.append(f"{case}: {len(hyps)} hypothesis batches in {rev}")
-                reg_path = f"analysis/hypotheses/{rev:04d}/registry.json"
-                if reg_path in m.files:
-                    reg = json.loads(store.read_blob(m.files[reg_path].sha256))
-                    ids = [c["id"] for c in reg["creations"]]
-                    total = sum(c["budget_allocation"]["initial"] for c in reg["creations"])
-                    if len(set(ids)) != len(ids) or reg["created_count"] != len(ids):
-                        problems.append(f"{case}: H ids {ids}, created {reg['created_count']}")
-                    if total != reg["created_count"] * INITIAL_BUDGET:
-                        problems.append(f"{case}: allocations {total} for "
-                                        f"{reg['created_count']} hypotheses")
-            for path, entry in m.files.items():
-                if path.startswith("inputs/"):
-                    seen_originals[path] = store.read_blob(entry.sha256)
-            for phase, prompt in PROMPT_OF.items():
-                rounds = sorted(p for p in m.files if re.fullmatch(
-                    rf"analysis/{phase}/\d{{4}}/rounds/[0-9-]+\.answer\.json", p))
-                if not rounds:
-                    continue
-                doc = json.loads(store.read_blob(m.files[rounds[-1]].sha256))
-                done = _posix(doc["finished_at"])
-                late = [c for c in calls if c["case_id"] == case and c["prompt_id"] == prompt
-                        and c["t"] > done]
-                if late:
-                    problems.append(f"{case}: {len(late)} {phase} call(s) after its "
-                                    "checkpointed answer")
+        problems += store_violations(store, originals, calls)
     finally:
         store.close()
-    for path, data in originals.items():
-        if seen_originals.get(path) != data:
-            problems.append(f"{path}: the stored original differs from the file taken in")
-    return problems, repeated
+    return problems, repeated_calls(calls)
 
 
 def fresh_template(tmp: Path, cases: int) -> tuple[Path, dict[str, bytes]]:

@@ -1,0 +1,143 @@
+"""Many workers on one PostgreSQL store: four ``viano daemon`` processes share 300 cases
+through the loopback provider; one is SIGKILLed mid-run and its leases are taken over.
+
+Counted at the provider (each worker's calls go to its own path prefix, ``/w<N>/v1``): no
+case and phase was in flight at two workers at once, and no call came after a checkpointed
+answer. Afterwards every case is COMPLETED with exactly one accepted interpretation and one
+hypothesis batch, and ``viano verify`` is clean."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from engine import open_backend
+from tests.batch_helpers import write_generic_answers
+from tests.conftest import PYTHON, child_env, run_viano
+from tests.invariants import overlapping_calls, store_violations, worker_of
+from tests.loopback.process import start_provider
+
+pytestmark = pytest.mark.slow
+
+CASES = 300
+WORKERS = 4
+LEASE_S = 2.0
+
+
+def _config(tmp: Path, url: str, blob_root: Path, port: int, worker: int) -> Path:
+    path = tmp / f"worker-{worker}.toml"
+    path.write_text(f"""[store]
+url = "{url}"
+blob_root = "{blob_root}"
+lease_s = {LEASE_S}
+
+[interpretation]
+auto_confirm = true
+
+[gateway]
+cooldown_after = 1000000
+
+[[providers]]
+name = "loopback"
+kind = "openai"
+base_url = "http://127.0.0.1:{port}/w{worker}/v1"
+model = "test"
+retries = 0
+timeout_s = 60
+max_concurrency = 16
+""")
+    return path
+
+
+def _wait_for(what: str, check: object, deadline_s: float) -> None:
+    """Poll a condition of other processes (their progress cannot be awaited here)."""
+    end = time.monotonic() + deadline_s
+    while not check():  # type: ignore[operator]
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_four_daemons_share_one_store_and_take_over_a_killed_one(
+        pg_url: str, tmp_path: Path) -> None:
+    blob_root = tmp_path / "shared-blobs"
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    originals = {}
+    for i in range(CASES):
+        data = f"Crash number {i}\nIt crashes when started.\n".encode()
+        (reports / f"W-{i:03d}.txt").write_bytes(data)
+        originals[f"inputs/W-{i:03d}.txt"] = data
+    provider = start_provider(tmp_path, write_generic_answers(tmp_path / "answers"),
+                              delay_ms=100)
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        configs = [_config(tmp_path, pg_url, blob_root, provider.port, w)
+                   for w in range(WORKERS)]
+        r = run_viano("intake", "--config", configs[0], "--batch", reports, "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["taken_in"] == CASES
+        for w in range(WORKERS):
+            log = (tmp_path / f"worker-{w}.err").open("w")
+            procs.append(subprocess.Popen(
+                [PYTHON, "-c", "from viano_bug_analysis.cli import run; run()", "daemon",
+                 "--config", str(configs[w]), "--concurrency", "16", "--poll-s", "0.2"],
+                stdout=subprocess.DEVNULL, stderr=log, text=True, env=child_env()))
+            log.close()
+        # Mid-run: the first worker has calls in flight (100 ms each), then it dies.
+        _wait_for("the first worker's calls",
+                  lambda: sum(worker_of(c) == "w0" for c in provider.calls) >= 40, 120)
+        victim = procs[0]
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=30)
+        with psycopg.connect(pg_url) as conn:
+            orphaned = [r[0] for r in conn.execute(
+                "SELECT case_id FROM viano_leases WHERE holder LIKE %s",
+                (f"%:{victim.pid}:%",))]
+            unfinished = [r[0] for r in conn.execute(
+                "SELECT case_id FROM viano_refs WHERE case_id = ANY(%s) AND status <> "
+                "'COMPLETED'", (orphaned,))]
+        assert unfinished, "the killed worker held no unfinished case: not killed mid-run"
+
+        store = open_backend(pg_url, write=False, blob_root=str(blob_root))
+        try:
+            _wait_for("every case to complete", lambda: store.status_counts().get(
+                ("GENERATING_HYPOTHESES", "COMPLETED"), 0) == CASES, 300)
+        finally:
+            store.close()
+        for p in procs[1:]:
+            p.send_signal(signal.SIGTERM)
+        for p in procs[1:]:
+            assert p.wait(timeout=60) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+        provider.stop()
+
+    calls = provider.calls
+    workers_seen = {worker_of(c) for c in calls}
+    assert workers_seen == {f"w{w}" for w in range(WORKERS)}, workers_seen
+    assert overlapping_calls(provider.finished) == []
+    store = open_backend(pg_url, write=False, blob_root=str(blob_root))
+    try:
+        assert store_violations(store, originals, calls, one_batch=True) == []
+        assert len(store.list_cases()) == CASES
+        # The cases the killed worker left unfinished were taken over and completed.
+        for case in unfinished:
+            assert store.case(case).status.status == "COMPLETED"  # type: ignore[union-attr]
+    finally:
+        store.close()
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT count(*) FROM viano_leases").fetchone() == (0,)
+    r = run_viano("verify", "--config", tmp_path / "worker-1.toml", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["ok"], r.stdout
+    for w in range(1, WORKERS):
+        assert "Traceback" not in (tmp_path / f"worker-{w}.err").read_text()

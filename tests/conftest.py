@@ -204,7 +204,8 @@ def pg_url(pg_databases: PgDatabases) -> str:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" in metafunc.fixturenames:
-        only = metafunc.definition.get_closest_marker("sqlite_only") is not None
+        only = any(metafunc.definition.get_closest_marker(m) is not None
+                   for m in ("sqlite_only", "no_store"))
         metafunc.parametrize("backend", ["sqlite"] if only else ["sqlite", "postgresql"],
                              indirect=True)
 
@@ -212,7 +213,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture
 def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Which backend this run of the test uses (see above)."""
-    name: str = request.param
+    name: str = getattr(request, "param", "sqlite")  # unittest-style classes: SQLite
     if name == "postgresql":
         databases: PgDatabases = request.getfixturevalue("pg_databases")
         install_pg_mapping(monkeypatch, databases)

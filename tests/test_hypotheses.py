@@ -201,6 +201,7 @@ class TestRules:
         assert _problems(ANSWER, minimum=4, maximum=9)[0][0] == "count_out_of_range"
 
 
+@pytest.mark.no_store  # pure: runs once, not per backend
 class TestNormalization:
     @given(st.text(max_size=40))
     def test_presentation_differences_vanish(self, text: str) -> None:
@@ -243,6 +244,7 @@ def _answers(draw: st.DrawFn) -> dict[str, Any]:
     return {"hypotheses": out}
 
 
+@pytest.mark.no_store  # pure: runs once, not per backend
 class TestProperties:
     @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(_answers())

@@ -124,6 +124,7 @@ def _answers(draw: st.DrawFn) -> dict[str, Any]:
             "missing_observations": draw(st.lists(_TEXT, max_size=3))}
 
 
+@pytest.mark.no_store  # pure: runs once, not per backend
 class TestValidationProperties:
     @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
     @given(_answers())

@@ -135,9 +135,23 @@ class PostgresStore:
         self._commit_lock = threading.Lock()
         self._writer: psycopg.Connection[Any] | None = None
         self._transactions = self._requests = self._bytes = 0
+        self.statements = 0  # sent to the server, by every connection: round trips
+        store = self
+
+        class Counting(driver.Cursor):  # type: ignore[misc, name-defined]
+            def execute(self, *a: Any, **kw: Any) -> Any:
+                store.statements += 1
+                return super().execute(*a, **kw)
+
+            def executemany(self, *a: Any, **kw: Any) -> Any:
+                store.statements += 1  # pipelined: one round trip for the batch
+                return super().executemany(*a, **kw)
+
+        self._cursor = Counting
         self._pool: psycopg_pool.ConnectionPool[Any] = pool_driver.ConnectionPool(
             _conninfo(driver, url, writable), min_size=1, max_size=POOL_SIZE,
-            kwargs={"autocommit": True}, open=False, name="viano")
+            kwargs={"autocommit": True, "cursor_factory": Counting}, open=False,
+            name="viano")
         with _translate(self._display, "connect to the store"):
             self._pool.open(wait=True, timeout=30.0)
         holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -201,7 +215,7 @@ class PostgresStore:
     def _writer_conn(self) -> Any:
         if self._writer is None or self._writer.closed:
             self._writer = self._psycopg.connect(_conninfo(self._psycopg, self.url, True),
-                                                 autocommit=True)
+                                                 autocommit=True, cursor_factory=self._cursor)
         return self._writer
 
     def close(self) -> None:
@@ -231,6 +245,7 @@ class PostgresStore:
         crash_point("batch.blobs_ready")
         with self._commit_lock, _translate(self._display, "commit a batch"):
             conn = self._writer_conn()
+            self.statements += 2  # BEGIN and COMMIT
             try:
                 with conn.transaction():
                     conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
@@ -454,11 +469,13 @@ class PostgresStore:
 
     @guarded
     def head(self, case_id: str) -> tuple[CaseRef, Manifest]:
-        with self.read_transaction():
-            ref = self.case(case_id)
-            with self._connection() as conn:
-                manifest = self._manifest(conn, ref.package_id, ref.generation)
-        return ref, manifest
+        """The case's index row and its head manifest. No transaction is needed for the
+        pair to agree: the row (generation and status) is read in one statement, and a
+        generation's manifest never changes once written (one round trip when the
+        manifest is cached, as a case actor's head mostly is)."""
+        ref = self.case(case_id)
+        with self._connection() as conn:
+            return ref, self._manifest(conn, ref.package_id, ref.generation)
 
     def due_cases(self, now: float, limit: int, *, awaiting_confirmation: bool = False
                   ) -> list[CaseRef]:

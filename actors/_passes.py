@@ -9,15 +9,22 @@ another process holds never starves the rest.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from engine import StorageError
+
 if TYPE_CHECKING:
     from ._case_actor import Clock
     from ._store_handle import StoreHandle
     from ._supervisor import CaseResult
+
+
+log = logging.getLogger("viano.engine")
+OUTAGE_MAX_WAIT_S = 30.0
 
 
 class Passes:
@@ -70,7 +77,7 @@ class Passes:
         tried: set[str] = set()
         while True:
             if cases is None:
-                batch = await self.due(self.concurrency * 4 + 64, skip=tried)
+                batch = await self.due(self._pass_size(), skip=tried)
             else:
                 batch = [c for c in dict.fromkeys(cases) if c not in tried]
             if not batch:
@@ -83,6 +90,14 @@ class Passes:
                     tried.add(case_id)
                     await slots.acquire()
                     pass_nursery.start_soon(self._collect, case_id, out, on_result, slots)
+
+    def _pass_size(self) -> int:
+        """How many due cases a pass takes at once. A backend that hands each due case to
+        one worker (a lease per claim) takes no more than it starts soon (the slots of
+        one pass), so the rest stay free for the other workers."""
+        if self.store.store.leases_block:
+            return 2 * self.concurrency
+        return self.concurrency * 4 + 64
 
     async def _collect(self, case_id: str, out: list[CaseResult],
                        on_result: Callable[[CaseResult], None] | None,
@@ -103,16 +118,29 @@ class Passes:
         finishing, the earliest due time, the end of a hold-back, or the next poll (which
         finds cases taken in by other processes). Results arrive on ``results``."""
         task_status.started()
+        outage = 0
         while True:
             # Taken before looking: an actor that finishes while we look (or while the nap
             # reads the next due time) has set it, so the nap returns at once instead of
             # missing that wake-up until the next poll.
             woken = self._finished
             free = self.concurrency - self.in_flight
-            if free > 0:
-                for case_id in await self.due(free, skip=self._running):
-                    self.submit(case_id)
-            await self._nap(poll_s, woken)
+            try:
+                if free > 0:
+                    for case_id in await self.due(free, skip=self._running):
+                        self.submit(case_id)
+                await self._nap(poll_s, woken)
+                outage = 0
+            except StorageError as exc:
+                # The store went away for a moment (a database restart, a dropped
+                # connection): the daemon waits and looks again, it does not end.
+                if exc.reason != "store_unavailable":
+                    raise
+                outage += 1
+                wait = min(poll_s * 2 ** min(outage, 10), OUTAGE_MAX_WAIT_S)
+                log.warning("the store is unavailable (%s); looking again in %.1f s",
+                            exc.message, wait)
+                await trio.sleep(wait)
 
     async def _nap(self, poll_s: float, woken: trio.Event) -> None:
         next_due = await trio.to_thread.run_sync(self.store.store.next_due)

@@ -16,7 +16,7 @@ import trio
 import trio.testing
 
 from actors import Engine, TrioClock
-from engine import BytesSource, Change, artifact_json
+from engine import BytesSource, Change, StorageError, artifact_json
 from tests.batch_helpers import batch_config, generic_server, intake_many
 from tests.loopback import LoopbackServer
 from tests.phase_helpers import ENV, http_provider
@@ -85,6 +85,47 @@ class TestServe:
             assert [r.prompt_id for r in server.requests] == ["interpretation_v1",
                                                               "hypotheses_v1"]
             nursery.cancel_scope.cancel()
+
+    async def test_the_store_going_away_for_a_moment_does_not_end_the_daemon(
+            self, tmp_path: Path, clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch
+            ) -> None:
+        """The due index unreachable (a database restart, a dropped connection) three
+        times in a row: the loop waits, looks again, and serves the case once the store
+        is back; any other storage error still ends it."""
+        failures = {"left": 3}
+
+        async def flaky(engine: Engine) -> None:
+            real = engine.store.store.claim_due
+
+            def claim_due(*a: Any, **kw: Any) -> Any:
+                if failures["left"]:
+                    failures["left"] -= 1
+                    raise StorageError("the database restarted (simulated)",
+                                       reason="store_unavailable")
+                return real(*a, **kw)
+
+            monkeypatch.setattr(engine.store.store, "claim_due", claim_due)
+            await intake_many(engine, tmp_path, ["BACK-1"])
+
+        async with trio.open_nursery() as nursery:
+            server = await _server(nursery)
+            engine = await _serving(nursery, tmp_path, server, flaky)
+            with trio.fail_after(120):
+                result = await engine.results.receive()
+            assert (result.case_id, result.result.status) == ("BACK-1", "COMPLETED")
+            assert failures["left"] == 0
+            nursery.cancel_scope.cancel()
+
+    async def test_a_damaged_store_still_ends_the_loop(self, tmp_path: Path,
+                                                       clock: trio.abc.Clock) -> None:
+        async with open_engine(store=tmp_path / "s", config=batch_config([]), environ=ENV,
+                               clock=TrioClock()) as engine:
+            def broken(*_a: Any, **_kw: Any) -> Any:
+                raise StorageError("damaged (simulated)", reason="store_corrupt")
+
+            engine.store.store.claim_due = broken  # type: ignore[method-assign]
+            with pytest.raises(StorageError), trio.fail_after(60):
+                await engine.serve(poll_s=1.0)
 
     async def test_due_times_are_honoured(self, tmp_path: Path,
                                           clock: trio.abc.Clock) -> None:

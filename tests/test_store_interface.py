@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 
@@ -20,6 +21,7 @@ from engine import (
     PublishRequest,
     StaleGeneration,
     StatusRequest,
+    StorageError,
     build_manifest,
     new_package_id,
     plan_batch,
@@ -153,3 +155,62 @@ def test_trio_cancellation_does_not_tear_a_status(tmp_path: Path) -> None:
     status = store.case("C-1").status
     assert status is not None and status.status in ("READY", "ERROR")
     store.close()
+
+
+class TestValuesNoBackendHolds:
+    @pytest.mark.no_store
+    @pytest.mark.parametrize("field", [
+        {"phase": "INTAKE\x00"}, {"reason": "x\x1b[31m"}, {"attempt_id": "a" * 257},
+        {"attempt_id": ""}, {"round": -1}, {"max_rounds": 2**63}, {"calls_started": 1.5},
+        {"round": True}])
+    def test_a_status_refuses_them_when_made(self, field: dict[str, object]) -> None:
+        """Status words are printable and bounded, counts are 0..2**62: what every
+        backend's columns hold, so no status fails the batch it is committed in."""
+        base: dict[str, object] = {"status": "READY", "phase": "INTAKE"}
+        with pytest.raises(ChangeRejected):
+            CaseStatus(**(base | field))  # type: ignore[arg-type]
+
+    def test_one_value_the_database_refuses_fails_only_its_request(
+            self, tmp_path: Path) -> None:
+        """Past every check (validators switched off, as a bug would), a count no 64-bit
+        column holds: its request is refused (invalid_change), the other request of the
+        same batch commits."""
+        store = open_rw(tmp_path / "s")
+        try:
+            a, b = store.commit_batch([create("N-1"), create("N-2")])
+            with attrs.validators.disabled():
+                huge = CaseStatus(status="READY", phase="INTAKE", round=2**70)
+            out = store.commit_batch([
+                PublishRequest(a.package_id, "N-1", 1, Change(
+                    files={"notes/a": BytesSource.of(b"a")}), huge),
+                PublishRequest(b.package_id, "N-2", 1, Change(
+                    files={"notes/b": BytesSource.of(b"b")}))])
+            assert isinstance(out[0], ChangeRejected) and out[0].reason == "invalid_change"
+            assert isinstance(out[1], Published)
+            assert store.case("N-1").generation == 1 and store.case("N-2").generation == 2
+        finally:
+            store.close()
+
+    def test_a_blob_folder_that_cannot_be_written_is_the_stores_fault(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A full disk under the blob folder refuses the publication as store_unavailable
+        (never input_changed: the input is fine); the index is unchanged."""
+        import errno
+
+        import engine._store._blobs as blobs
+
+        store = open_rw(tmp_path / "s")
+        try:
+            def full(_fd: int) -> None:
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            monkeypatch.setattr(blobs.os, "fsync", full)
+            big = PublishRequest(new_package_id(), "FULL-1", None, Change(
+                files={"inputs/big.bin": BytesSource.of(b"z" * 300_000)}, phase="INTAKE"))
+            out = store.commit_batch([big])[0]
+            assert isinstance(out, StorageError) and out.reason == "store_unavailable"
+            assert "No space left" in out.message
+            monkeypatch.undo()
+            assert store.list_cases() == []
+        finally:
+            store.close()

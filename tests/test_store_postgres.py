@@ -14,7 +14,9 @@ import subprocess
 import threading
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import attrs
 import psycopg
 import pytest
 
@@ -23,6 +25,7 @@ from engine import (
     CaseLocked,
     CaseStatus,
     Change,
+    ChangeRejected,
     ConfigError,
     NotAStore,
     NotFound,
@@ -30,6 +33,7 @@ from engine import (
     PublishRequest,
     StaleGeneration,
     StorageError,
+    new_package_id,
     open_backend,
 )
 from tests.conftest import PYTHON, Cli, child_env, run_viano
@@ -139,8 +143,19 @@ class TestOpening:
         assert r.returncode == 1 and "hunter2secret" not in r.stdout + r.stderr
 
     def test_a_bad_url_is_a_refusal(self, tmp_path: Path) -> None:
-        with pytest.raises(NotAStore):
-            _open("postgresql://[bad", tmp_path / "b")
+        for url in ("postgresql://[bad", "postgresql://u:s3c%zzret@host/db",
+                    "postgresql://u:s3c@ret@127.0.0.1:1/db"):
+            with pytest.raises(NotAStore) as info:
+                _open(url, tmp_path / "b")
+            assert info.value.__cause__ is None  # libpq's message may quote the password
+            assert "s3c" not in info.value.message and "ret" not in info.value.message
+
+    def test_every_password_parameter_is_kept_out_of_the_location(self) -> None:
+        from engine import display_location
+
+        shown = display_location("postgresql://u:pw1@h:5/db?password=pw2&sslpassword=pw3"
+                                 "&sslmode=require")
+        assert shown == "postgresql://u@h:5/db?sslmode=require"
 
     def test_without_the_driver_the_refusal_names_the_extra(self, tmp_path: Path,
                                                             pg_url: str) -> None:
@@ -174,6 +189,95 @@ class TestOpening:
         assert r.code == 1 and r.json["error"]["reason"] == "store_read_only"  # type: ignore[index]
         assert [c.case_id for c in _open(pg_url, tmp_path / "b", write=False).list_cases()
                 ] == ["BUG-20"]
+
+
+class TestBlobRoot:
+    def test_a_worker_whose_shared_folder_is_not_mounted_is_refused(
+            self, pg_url: str, tmp_path: Path) -> None:
+        """The blob root is the store's by a token the first writer recorded: a worker on
+        a host where the shared folder is not mounted (an empty folder in its place) is
+        refused before it writes, and nothing lands in that folder; read-only, the store
+        opens (status needs no blobs) and verify names the problem."""
+        shared = tmp_path / "shared"
+        store = _open(pg_url, shared)
+        big = BytesSource.of(os.urandom(300_000))
+        store.commit_batch([PublishRequest(new_package_id(), "BIG-1", None, Change(
+            files={"inputs/big.bin": big}, phase="INTAKE"))])
+        store.close()
+        unmounted = tmp_path / "not-mounted"
+        unmounted.mkdir()
+        with pytest.raises(StorageError) as info:
+            _open(pg_url, unmounted)
+        assert info.value.reason == "store_unavailable" and "mounted" in info.value.message
+        assert list(unmounted.iterdir()) == []
+        reader = _open(pg_url, unmounted, write=False)
+        try:
+            assert [c.case_id for c in reader.list_cases()] == ["BIG-1"]
+            assert any("mounted" in p for p in reader.index_problems())
+        finally:
+            reader.close()
+        again = _open(pg_url, shared)  # the real folder still works
+        ref = again.case("BIG-1")
+        entry = again.manifest(ref.package_id, 1).files["inputs/big.bin"]
+        assert again.read_blob(entry.sha256) == big.data
+        again.close()
+
+    def test_two_first_writers_with_different_folders_agree_on_one(
+            self, pg_url: str, tmp_path: Path) -> None:
+        """Two hosts opening a new store at once, each with its own empty folder: one
+        folder is recorded; the other host is refused."""
+        a = _open(pg_url, tmp_path / "a")
+        with pytest.raises(StorageError) as info:
+            _open(pg_url, tmp_path / "b")
+        assert info.value.reason == "store_unavailable"
+        a.close()
+
+
+class TestValuesTheDatabaseRefuses:
+    def test_one_bad_value_never_fails_the_rest_of_its_batch(self, pg_url: str,
+                                                             tmp_path: Path) -> None:
+        """A status value that gets past every check (validators switched off here, as a
+        bug would) and that PostgreSQL cannot hold (NUL in text) fails only its own
+        request; the other request of the batch commits."""
+        store = _open(pg_url, tmp_path / "b")
+        try:
+            first = store.commit_batch([create("V-1"), create("V-2")])
+            with attrs.validators.disabled():
+                bad = CaseStatus(status="READY", phase="INTAKE", attempt_id="a\x00b")
+            out = store.commit_batch([
+                PublishRequest(first[0].package_id, "V-1", 1, Change(
+                    files={"notes/a": BytesSource.of(b"a")}), bad),
+                PublishRequest(first[1].package_id, "V-2", 1, Change(
+                    files={"notes/b": BytesSource.of(b"b")}))])
+            assert isinstance(out[0], ChangeRejected) and out[0].reason == "invalid_change"
+            assert isinstance(out[1], Published)
+            assert store.case("V-1").generation == 1 and store.case("V-2").generation == 2
+        finally:
+            store.close()
+
+    def test_a_stricter_server_default_isolation_changes_nothing(
+            self, pg_url: str, tmp_path: Path) -> None:
+        """A database whose default isolation is SERIALIZABLE: two workers publishing on
+        the same parent still get one success and one stale_generation, and the other
+        request in the loser's batch commits (the store sets READ COMMITTED itself)."""
+        name = urlsplit(pg_url).path.lstrip("/")
+        _exec(pg_url, f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = "
+                      "'serializable'")
+        a, b = _open(pg_url, tmp_path / "b"), _open(pg_url, tmp_path / "b")
+        try:
+            x, y = a.commit_batch([create("X-1"), create("Y-1")])
+
+            def on_top(ref: Any, note: bytes) -> PublishRequest:
+                return PublishRequest(ref.package_id, ref.case_id, 1, Change(
+                    files={"notes/n": BytesSource.of(note)}))
+
+            assert isinstance(a.commit_batch([on_top(x, b"a")])[0], Published)
+            out = b.commit_batch([on_top(x, b"b"), on_top(y, b"y")])
+            assert isinstance(out[0], StaleGeneration) and isinstance(out[1], Published)
+            assert [r.case_id for r in b.claim_due(0.0, 10)] == ["X-1", "Y-1"]
+        finally:
+            a.close()
+            b.close()
 
 
 class TestLeases:
@@ -215,6 +319,10 @@ class TestLeases:
                     assert a.case("F-1").generation == 1 and a.case("F-2").generation == 2
                     a.leases.renew()
                     assert a.leases.lost == 1
+                    with pytest.raises(StaleGeneration) as lost:  # no further step
+                        a.head("F-1")
+                    assert lost.value.reason == "lease_lost"
+                    assert b.head("F-1")[0].generation == 1
         finally:
             a.close()
             b.close()

@@ -18,11 +18,11 @@ from ._manifest import encode_manifest as encode_manifest
 from ._manifest import successor_violations as successor_violations
 from ._manifest import validate_logical_path as validate_logical_path
 from ._open import open_backend as open_backend
+from ._pg_open import display_location as display_location
 from ._plan import GenerationRow as GenerationRow
 from ._plan import PlanInput as PlanInput
 from ._plan import plan_batch as plan_batch
 from ._postgres import PostgresStore as PostgresStore
-from ._postgres import display_location as display_location
 from ._protocol import BlobInfo as BlobInfo
 from ._protocol import CaseRef as CaseRef
 from ._protocol import Store as Store

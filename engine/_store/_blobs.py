@@ -32,6 +32,7 @@ import re
 import stat
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -52,32 +53,43 @@ class BlobFiles:
         return self.dir / sha256[:2] / sha256
 
     def exists(self, sha256: str, size: int) -> bool:
+        """Whether the blob's file is in place, by opening it: on a shared (NFS) blob root
+        an open revalidates what a cached ``stat`` could still claim after another host's
+        gc removed the file."""
         try:
-            return self.path_for(sha256).stat().st_size == size
+            fd = os.open(self.path_for(sha256), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return False
+        try:
+            st = os.fstat(fd)
+            return stat.S_ISREG(st.st_mode) and st.st_size == size
+        finally:
+            os.close(fd)
 
     def write(self, source: BlobSource) -> None:
         """Put ``source`` in place durably, unless a file with exactly its bytes is there."""
         final = self.path_for(source.sha256)
         if final.is_file() and _hash_file(final) == (source.sha256, source.size):
             return
-        self.tmp.mkdir(parents=True, exist_ok=True)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.tmp / f"{source.sha256}.{os.getpid()}.{time.monotonic_ns()}.part"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        with _writing(self.root):
+            self.tmp.mkdir(parents=True, exist_ok=True)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.tmp / f"{source.sha256}.{os.getpid()}.{time.monotonic_ns()}.part"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # held until the rename: gc leaves it alone
             with os.fdopen(fd, "wb", closefd=False) as dst:
                 self._copy(source, dst)
-            os.replace(tmp, final)
+            with _writing(self.root):
+                os.replace(tmp, final)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
         finally:
             os.close(fd)
         crash_point("blob.rename")
-        fsync_dir(final.parent)
+        with _writing(self.root):
+            fsync_dir(final.parent)
         crash_point("blob.dirsync")
 
     def _copy(self, source: BlobSource, dst: BinaryIO) -> None:
@@ -85,22 +97,24 @@ class BlobFiles:
         size = 0
         half = source.size // 2
         with source.open() as src:
-            while chunk := src.read(CHUNK):
-                if size < half <= size + len(chunk):
-                    dst.write(chunk[: half - size])
-                    dst.flush()
-                    crash_point("blob.write")
-                    dst.write(chunk[half - size:])
-                else:
-                    dst.write(chunk)
+            while chunk := src.read(CHUNK):  # a failing read is the input's (input_changed)
+                with _writing(self.root):
+                    if size < half <= size + len(chunk):
+                        dst.write(chunk[: half - size])
+                        dst.flush()
+                        crash_point("blob.write")
+                        dst.write(chunk[half - size:])
+                    else:
+                        dst.write(chunk)
                 h.update(chunk)
                 size += len(chunk)
                 if size > source.size:
                     break
         if h.hexdigest() != source.sha256 or size != source.size:
             raise input_changed(source)
-        dst.flush()
-        os.fsync(dst.fileno())
+        with _writing(self.root):
+            dst.flush()
+            os.fsync(dst.fileno())
         crash_point("blob.fsync")
 
     def open(self, sha256: str) -> Path:
@@ -148,8 +162,7 @@ class BlobFiles:
     def has_any(self) -> bool:
         return next(self.iter_files(), None) is not None
 
-    @staticmethod
-    def remove_abandoned(path: Path) -> bool:
+    def remove_abandoned(self, path: Path) -> bool:
         """Remove a temporary file whose writer is gone (its flock is free)."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -205,6 +218,19 @@ class VerifyingReader(io.RawIOBase):
     def close(self) -> None:
         self.inner.close()
         super().close()
+
+
+@contextmanager
+def _writing(root: Path) -> Iterator[None]:
+    """A failure to write into the store's blob folder (disk full, permissions, a shared
+    mount gone) is the store's, never blamed on the input."""
+    try:
+        yield
+    except OSError as exc:
+        raise StorageError(f"cannot write a blob file under {root}: {exc.strerror or exc}",
+                           reason="store_unavailable",
+                           hint="Check the free space and permissions of the blob folder "
+                                "(a shared mount: that it is mounted).") from exc
 
 
 def verified_stream(inner: BinaryIO, sha256: str) -> BinaryIO:

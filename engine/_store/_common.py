@@ -9,6 +9,7 @@ Only SQL differs between backends; it stays in each backend's module.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import zipfile
 import zlib
@@ -18,10 +19,10 @@ from contextlib import contextmanager
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from .._errors import ChangeRejected, InputRejected, NotFound, StorageError, VianoError
-from ._blobs import BlobFiles, input_changed
+from ._blobs import input_changed
 from ._manifest import Manifest
-from ._protocol import CaseRef
-from ._requests import CaseStatus, ImportRequest, PublishRequest, Request
+from ._protocol import BlobStorage, CaseRef
+from ._requests import CaseStatus, ImportRequest, Outcome, PublishRequest, Request
 from ._sources import BlobSource, read_verified
 
 # Blobs up to this size live inside the database; larger ones are fsynced files. Measured
@@ -39,6 +40,7 @@ REF_COLUMNS = ("case_id, package_id, generation, phase, analysis_revision, updat
 DUE_WHERE = "status IN ('READY', 'RUNNING') OR (status='RETRY_PENDING' AND due_at <= {now})"
 AWAITING_WHERE = " OR (status='COMPLETED' AND reason='awaiting_confirmation')"
 Large = dict[str, list[tuple[int, BlobSource]]]
+log = logging.getLogger("viano.store")
 
 
 class Gate:
@@ -98,7 +100,7 @@ def guarded(method: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_
 # -- a batch's blobs ---------------------------------------------------------------------
 
 
-def prepare_blobs(blob_files: BlobFiles, inline_threshold: int, req: Request,
+def prepare_blobs(blob_files: BlobStorage, inline_threshold: int, req: Request,
                   inline: dict[str, bytes], large: Large, i: int) -> VianoError | None:
     """Write the large blobs of one request and read its small ones, hashing the bytes
     that will be stored. Returns the refusal of this request, if any."""
@@ -137,7 +139,7 @@ def prepare_blobs(blob_files: BlobFiles, inline_threshold: int, req: Request,
     return None
 
 
-def recheck_files(blob_files: BlobFiles, large: Large,
+def recheck_files(blob_files: BlobStorage, large: Large,
                   refused: list[VianoError | None]) -> None:
     """gc protocol, step 2: under the write lock, every file this batch references is in
     place; one that gc removed since it was written is written again here."""
@@ -151,6 +153,33 @@ def recheck_files(blob_files: BlobFiles, large: Large,
                 break
             except (VianoError, OSError) as exc:
                 refused[i] = exc if isinstance(exc, VianoError) else input_changed(source)
+
+
+def commit_each_alone(commit: Callable[[Sequence[Request]], list[Outcome]],
+                     requests: Sequence[Request],
+                     value_error: Callable[[BaseException], bool]) -> list[Outcome]:
+    """``commit(requests)``; if a value the database refuses (one every check before let
+    through) fails the whole transaction, each request is committed alone, so only the
+    one that holds it is refused (``invalid_change``) and the others still commit."""
+    try:
+        return commit(requests)
+    except Exception as exc:
+        if len(requests) < 2 or not value_error(exc):
+            raise
+        log.warning("a batch of %d failed on a value the database refused (%s); "
+                    "committing its requests one by one", len(requests), exc)
+    out: list[Outcome] = []
+    for req in requests:
+        try:
+            out.extend(commit([req]))
+        except Exception as exc:
+            if not value_error(exc):
+                raise
+            out.append(ChangeRejected(
+                f"case {req.case_id!r}: a value of this request cannot be stored "
+                f"({type(exc).__name__}: {exc}); nothing of it was written",
+                reason="invalid_change", hint="This is a bug in Viano; please report it."))
+    return out
 
 
 # -- rows --------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ import time
 import attrs
 
 from .._errors import StorageError
-from ._blobs import BlobFiles
 from ._crash import crash_point
 from ._protocol import Store
 
@@ -64,6 +63,6 @@ def collect_garbage(store: Store, *, min_age_s: float = 600.0) -> GcReport:
                     continue
             except FileNotFoundError:
                 continue
-            if BlobFiles.remove_abandoned(path):
+            if store.blob_files.remove_abandoned(path):
                 tmp_removed += 1
     return GcReport(removed, removed_bytes, tmp_removed, young)

@@ -8,7 +8,8 @@ import os
 from pathlib import Path
 
 from ._common import INLINE_THRESHOLD
-from ._postgres import LEASE_S, PostgresStore, is_postgres_url
+from ._pg_open import is_postgres_url
+from ._postgres import LEASE_S, PostgresStore
 from ._protocol import Store
 from ._sqlite import SqliteStore
 

@@ -72,7 +72,12 @@ Connect = Callable[[], AbstractContextManager[Any]]
 
 
 class Leases:
-    """The leases one store handle holds, and the thread that renews them."""
+    """The leases one store handle holds, and the thread that renews them.
+
+    ``_held`` are the cases a ``hold`` is inside (it refuses a second one at once);
+    ``_taken`` the subset whose row this handle has taken and not yet given back (what
+    renewal renews); ``_lost`` those whose row another holder took while this one held
+    them (its commits are fenced, and its next step refused)."""
 
     def __init__(self, connect: Connect, holder: str, lease_s: float):
         self.connect = connect
@@ -80,6 +85,8 @@ class Leases:
         self.lease_s = lease_s
         self._lock = threading.Lock()
         self._held: set[str] = set()
+        self._taken: set[str] = set()
+        self._lost: set[str] = set()
         self._claimed: dict[str, float] = {}  # case -> monotonic time of the claim
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -90,6 +97,10 @@ class Leases:
     def held(self) -> list[str]:
         with self._lock:
             return sorted(self._held)
+
+    def is_lost(self, case_id: str) -> bool:
+        with self._lock:
+            return case_id in self._lost
 
     def claimed(self, case_ids: Collection[str]) -> None:
         now = time.monotonic()
@@ -108,14 +119,18 @@ class Leases:
             claimed_at = self._claimed.pop(case_id, None)
         try:
             # A claim this process made a moment ago stands (its row expires lease_s after
-            # it, by the server's clock): no second round trip to take it.
-            fresh = claimed_at is not None and time.monotonic() - claimed_at < self.lease_s / 2
+            # it, by the server's clock, and renewal comes every lease_s / 3): no second
+            # round trip to take it.
+            fresh = claimed_at is not None and time.monotonic() - claimed_at < self.lease_s / 4
             if not fresh:
                 with self.connect() as conn:
                     row = conn.execute(TAKE, {"case": case_id, "me": self.holder,
                                               "lease": self.lease_s}).fetchone()
                 if row is None:
                     raise CaseLocked(f"case {case_id!r} is leased by another worker")
+            with self._lock:
+                self._taken.add(case_id)
+                self._lost.discard(case_id)
             self._start()
             try:
                 yield
@@ -124,8 +139,12 @@ class Leases:
         finally:
             with self._lock:
                 self._held.discard(case_id)
+                self._taken.discard(case_id)
+                self._lost.discard(case_id)
 
     def _release(self, case_id: str) -> None:
+        with self._lock:
+            self._taken.discard(case_id)  # renewal leaves it alone from here on
         try:
             with self.connect() as conn:
                 conn.execute(RELEASE, {"case": case_id, "me": self.holder})
@@ -145,26 +164,29 @@ class Leases:
             self.renew()
 
     def renew(self) -> None:
-        """Push out the expiry of every lease held; one that another holder took (this
-        process stalled past its expiry) is counted and logged as lost."""
-        held = self.held
-        if not held:
+        """Push out the expiry of every lease taken; one that another holder took (this
+        process stalled past its expiry) is marked lost: counted, logged, fenced."""
+        with self._lock:
+            taken = sorted(self._taken)
+        if not taken:
             return
         try:
             with self.connect() as conn:
                 kept = {r[0] for r in conn.execute(RENEW, {"lease": self.lease_s,
                                                            "me": self.holder,
-                                                           "cases": held})}
+                                                           "cases": taken})}
         except Exception as exc:
             log.warning("could not renew %d case lease(s) (%s); retrying in %.1f s",
-                        len(held), type(exc).__name__, self.lease_s / 3)
+                        len(taken), type(exc).__name__, self.lease_s / 3)
             return
         self.renewals += 1
-        lost = [c for c in held if c not in kept and c in self._held]
+        with self._lock:  # still taken now: not released while the statement ran
+            lost = [c for c in taken if c not in kept and c in self._taken]
+            self._lost.update(lost)
         if lost:
             self.lost += len(lost)
-            log.warning("lost the lease on %d case(s) (%s): their commits will be refused",
-                        len(lost), ", ".join(lost[:5]))
+            log.warning("lost the lease on %d case(s) (%s): their next steps and commits "
+                        "are refused", len(lost), ", ".join(lost[:5]))
 
     def close(self) -> None:
         """Stop renewing and give back every lease and claim of this handle."""

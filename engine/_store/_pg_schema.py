@@ -12,7 +12,10 @@ Version history:
    file under the blob root), ``viano_generations`` (exact manifest bytes and their hash),
    ``viano_refs`` (the head and durable status of each package: the case index and, by
    ``(status, due_at)``, the work queue every worker shares) and ``viano_leases`` (one row
-   per claimed case: its holder and an expiry that the holder renews).
+   per claimed case: its holder and an expiry that the holder renews). Ids are ``COLLATE
+   "C"``: listed in byte order, as SQLite lists them, whatever the database's locale.
+   ``viano_meta.blob_root_id`` is the token in the blob root's ``blob-root-id`` file (see
+   ``_pg_open``).
 """
 
 from __future__ import annotations
@@ -25,18 +28,20 @@ SCHEMA = """
 CREATE TABLE viano_meta (key text PRIMARY KEY, value text NOT NULL);
 CREATE TABLE viano_blobs (sha256 bytea PRIMARY KEY, size bigint NOT NULL, data bytea);
 CREATE TABLE viano_generations (
-    package_id text NOT NULL, generation bigint NOT NULL, parent bigint,
+    package_id text COLLATE "C" NOT NULL, generation bigint NOT NULL, parent bigint,
     manifest_sha256 text NOT NULL, manifest bytea NOT NULL,
     phase text NOT NULL, created_at text NOT NULL,
     PRIMARY KEY (package_id, generation));
 CREATE TABLE viano_refs (
-    package_id text PRIMARY KEY, case_id text NOT NULL UNIQUE, generation bigint NOT NULL,
-    phase text NOT NULL, analysis_revision bigint NOT NULL, updated_at text NOT NULL,
+    package_id text COLLATE "C" PRIMARY KEY, case_id text COLLATE "C" NOT NULL UNIQUE,
+    generation bigint NOT NULL, phase text NOT NULL, analysis_revision bigint NOT NULL,
+    updated_at text NOT NULL,
     status text, status_phase text, reason text, round bigint, max_rounds bigint,
     due_at double precision, attempt_id text, calls_started bigint NOT NULL DEFAULT 0);
 CREATE INDEX viano_refs_due ON viano_refs (status, due_at);
 CREATE TABLE viano_leases (
-    case_id text PRIMARY KEY, holder text NOT NULL, expires_at timestamptz NOT NULL)
+    case_id text COLLATE "C" PRIMARY KEY, holder text NOT NULL,
+    expires_at timestamptz NOT NULL)
 """
 
 

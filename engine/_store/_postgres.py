@@ -30,12 +30,17 @@ from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .._canonical import utc_now_iso
-from .._errors import ConfigError, NotAStore, NotFound, StaleGeneration, StorageError, VianoError
+from .._errors import (
+    ConfigError,
+    NotFound,
+    StaleGeneration,
+    StorageError,
+    VianoError,
+)
 from .._ids import validate_case_id
-from ._blobs import BlobFiles, fsync_dir, verified_stream
+from ._blobs import BlobFiles, verified_stream
 from ._common import (
     AWAITING_WHERE,
     DUE_WHERE,
@@ -45,6 +50,7 @@ from ._common import (
     Large,
     ManifestCache,
     check_generation,
+    commit_each_alone,
     guarded,
     parse_stored_manifest,
     prepare_blobs,
@@ -56,7 +62,16 @@ from ._common import (
 from ._crash import crash_point
 from ._manifest import Manifest
 from ._pg_leases import CLAIM, FENCE, Leases
-from ._pg_schema import CURRENT_VERSION, FORMAT_PREFIX, SCHEMA, TABLES, parse_version
+from ._pg_open import (
+    blob_root_problem,
+    claim_blob_root,
+    conninfo,
+    display_url,
+    driver,
+    open_schema,
+    translate,
+)
+from ._pg_schema import CURRENT_VERSION
 from ._plan import BatchRows, GenerationRow, Head, PlanInput, plan_batch
 from ._protocol import BlobInfo, CaseRef, StoreStats
 from ._requests import ImportRequest, Outcome, Request
@@ -67,48 +82,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("viano.store")
 
-SCHEMES = ("postgresql://", "postgres://")
 POOL_SIZE = 8
 LEASE_S = 30.0
-ID_NAME = "store-id"
-# pg_advisory_xact_lock keys: every commit and gc take WRITE_LOCK; creators take CREATE_LOCK.
-WRITE_LOCK = 0x5649414E4F01
-CREATE_LOCK = 0x5649414E4F02
-
-
-def is_postgres_url(location: str) -> bool:
-    return location.startswith(SCHEMES)
-
-
-def display_url(url: str) -> str:
-    """The URL without its password (in the userinfo or as a ``password=`` parameter)."""
-    try:
-        parts = urlsplit(url)
-        host = parts.netloc.rpartition("@")[2]
-        user = parts.username or ""
-        netloc = f"{user}@{host}" if "@" in parts.netloc else host
-        query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
-                           if k.lower() != "password"])
-        return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
-    except ValueError:
-        return "postgresql://(unparseable URL)"
-
-
-def display_location(location: str) -> str:
-    """A store location as it may be printed or logged (a URL loses its password)."""
-    return display_url(location) if is_postgres_url(location) else location
-
-
-def _driver() -> tuple[Any, Any]:
-    try:
-        import psycopg
-        import psycopg_pool
-    except ImportError as exc:
-        raise StorageError("the PostgreSQL store needs psycopg 3 and psycopg_pool, which are "
-                           "not installed", reason="store_unavailable",
-                           hint="pip install 'viano[postgres]' (or use a folder path for "
-                                "--store: the embedded SQLite store).") from exc
-    return psycopg, psycopg_pool
+WRITE_LOCK = 0x5649414E4F01  # pg_advisory_xact_lock key: every commit and gc take it
 
 
 class PostgresStore:
@@ -117,16 +93,16 @@ class PostgresStore:
     kind = "postgresql"
     leases_block = True  # a round trip to the database
 
-    def __init__(self, url: str, blob_root: Path, *, writable: bool, store_id: str,
+    def __init__(self, url: str, blob_root: Path, *, writable: bool, meta: dict[str, str],
                  inline_threshold: int, lease_s: float):
-        driver, pool_driver = _driver()
-        self._psycopg = driver
+        pg, pool_driver = driver()
+        self._psycopg = pg
         self.url = url
         self._display = display_url(url)
         self.blob_root = blob_root
         self._blob_files = BlobFiles(blob_root)
         self._writable = writable
-        self.store_id = store_id
+        self.meta = meta
         self.inline_threshold = inline_threshold
         self.version = CURRENT_VERSION
         self._gate = Gate(self._display)
@@ -136,26 +112,28 @@ class PostgresStore:
         self._writer: psycopg.Connection[Any] | None = None
         self._transactions = self._requests = self._bytes = 0
         self.statements = 0  # sent to the server, by every connection: round trips
+        self._count_lock = threading.Lock()
         store = self
 
-        class Counting(driver.Cursor):  # type: ignore[misc, name-defined]
+        class Counting(pg.Cursor):  # type: ignore[misc, name-defined]
             def execute(self, *a: Any, **kw: Any) -> Any:
-                store.statements += 1
+                store.count(1)
                 return super().execute(*a, **kw)
 
             def executemany(self, *a: Any, **kw: Any) -> Any:
-                store.statements += 1  # pipelined: one round trip for the batch
+                store.count(1)  # pipelined: one round trip for the batch
                 return super().executemany(*a, **kw)
 
         self._cursor = Counting
         self._pool: psycopg_pool.ConnectionPool[Any] = pool_driver.ConnectionPool(
-            _conninfo(driver, url, writable), min_size=1, max_size=POOL_SIZE,
+            conninfo(pg, url, writable), min_size=1, max_size=POOL_SIZE,
             kwargs={"autocommit": True, "cursor_factory": Counting}, open=False,
             name="viano")
-        with _translate(self._display, "connect to the store"):
+        with translate(self._display, "connect to the store"):
             self._pool.open(wait=True, timeout=30.0)
         holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.leases = Leases(self._connection, holder, lease_s)
+        # Leases use their own pooled connection, never a read transaction's.
+        self.leases = Leases(self._pool.connection, holder, lease_s)
 
     # -- opening ---------------------------------------------------------------------
 
@@ -165,7 +143,7 @@ class PostgresStore:
              lease_s: float = LEASE_S) -> PostgresStore:
         """Open the store at ``url``; ``write`` (with ``create``) creates its schema in an
         empty database. A read-only open creates and changes nothing."""
-        psycopg, _ = _driver()
+        psycopg, _ = driver()
         shown = display_url(url)
         if not blob_root:
             raise ConfigError(f"a PostgreSQL store ({shown}) needs a blob root for its large "
@@ -173,16 +151,16 @@ class PostgresStore:
                               hint="Set [store] blob_root in the config to a folder every "
                                    "worker can reach (a shared mount).")
         root = Path(blob_root)
-        with _translate(shown, "connect to the store"):
-            conn = psycopg.connect(_conninfo(psycopg, url, write), autocommit=True)
+        with translate(shown, "connect to the store"):
+            conn = psycopg.connect(conninfo(psycopg, url, write), autocommit=True)
         try:
-            with _translate(shown, "open the store"):
-                store_id = _open_schema(conn, shown, write=write, create=create)
+            with translate(shown, "open the store"):
+                meta = open_schema(conn, shown, write=write, create=create)
+                meta = claim_blob_root(conn, root, meta, write=write)
         finally:
             conn.close()
-        _check_blob_root(root, store_id, shown, write=write)
-        return cls(url, root, writable=write, store_id=store_id,
-                   inline_threshold=inline_threshold, lease_s=lease_s)
+        return cls(url, root, writable=write, meta=meta, inline_threshold=inline_threshold,
+                   lease_s=lease_s)
 
     @property
     def location(self) -> str:
@@ -206,6 +184,10 @@ class PostgresStore:
         with self._pool.connection() as conn:
             yield conn
 
+    def count(self, statements: int) -> None:
+        with self._count_lock:
+            self.statements += statements
+
     def _require_writable(self) -> None:
         if not self._writable:
             raise StorageError(f"the store at {self._display} is open read-only",
@@ -214,7 +196,7 @@ class PostgresStore:
 
     def _writer_conn(self) -> Any:
         if self._writer is None or self._writer.closed:
-            self._writer = self._psycopg.connect(_conninfo(self._psycopg, self.url, True),
+            self._writer = self._psycopg.connect(conninfo(self._psycopg, self.url, True),
                                                  autocommit=True, cursor_factory=self._cursor)
         return self._writer
 
@@ -234,8 +216,17 @@ class PostgresStore:
     @guarded
     def commit_batch(self, requests: Sequence[Request]) -> list[Outcome]:
         """Commit every acceptable request of the batch in one transaction (see the
-        SQLite store's: the same contract)."""
+        SQLite store's: the same contract). A value the database refuses (one that
+        every check before let through) fails the transaction; then each request is
+        committed alone, so only the one that holds it is refused."""
         self._require_writable()
+        return commit_each_alone(self._commit, requests, self._value_error)
+
+    def _value_error(self, exc: BaseException) -> bool:
+        return isinstance(exc, StorageError) and isinstance(
+            exc.__cause__, (self._psycopg.DataError, self._psycopg.IntegrityError))
+
+    def _commit(self, requests: Sequence[Request]) -> list[Outcome]:
         refused: list[VianoError | None] = [None] * len(requests)
         inline: dict[str, bytes] = {}
         large: Large = {}
@@ -243,9 +234,9 @@ class PostgresStore:
             refused[i] = prepare_blobs(self._blob_files, self.inline_threshold, req, inline,
                                        large, i)
         crash_point("batch.blobs_ready")
-        with self._commit_lock, _translate(self._display, "commit a batch"):
+        with self._commit_lock, translate(self._display, "commit a batch"):
             conn = self._writer_conn()
-            self.statements += 2  # BEGIN and COMMIT
+            self.count(2)  # BEGIN and COMMIT
             try:
                 with conn.transaction():
                     conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
@@ -284,12 +275,12 @@ class PostgresStore:
 
     def _plan_input(self, conn: Any, requests: Sequence[Request],
                     refused: list[VianoError | None], inline: dict[str, bytes]) -> PlanInput:
-        pkgs = sorted({r.package_id for r in requests})
-        cases = sorted({r.case_id for r in requests})
+        pkgs = {r.package_id for r in requests}
+        cases = {r.case_id for r in requests}
         heads: dict[str, Head] = {}
         owners: dict[str, str] = {}
         for row in conn.execute(f"SELECT {REF_COLUMNS} FROM viano_refs WHERE package_id = "
-                                "ANY(%s) OR case_id = ANY(%s)", (pkgs, cases)):
+                                "ANY(%s) OR case_id = ANY(%s)", (sorted(pkgs), sorted(cases))):
             ref = ref_from_row(row)
             if ref.package_id in pkgs:
                 heads[ref.package_id] = Head(ref.case_id, ref.generation, ref.status)
@@ -363,7 +354,7 @@ class PostgresStore:
         """The case's lease row, held (and renewed) for the block. Held by another worker
         (and not expired) → :class:`CaseLocked` (DEFERRED), at once."""
         self._require_writable()
-        with self._gate.use(), _translate(self._display, "take a case lease"):
+        with self._gate.use(), translate(self._display, "take a case lease"):
             held = self.leases.hold(validate_case_id(case_id))
             held.__enter__()
         try:
@@ -379,11 +370,14 @@ class PostgresStore:
         """Up to ``limit`` due cases, each leased to this worker in the same statement
         (``FOR UPDATE SKIP LOCKED``): workers claiming at once get disjoint cases."""
         if not self._writable or limit <= 0:
-            return self.due_cases(now, limit, awaiting_confirmation=awaiting_confirmation)
+            left_out = set(skip)
+            refs = self.due_cases(now, max(limit, 0) + len(left_out),
+                                  awaiting_confirmation=awaiting_confirmation)
+            return [r for r in refs if r.case_id not in left_out][:max(limit, 0)]
         where = DUE_WHERE.format(now="%(now)s") + (AWAITING_WHERE if awaiting_confirmation
                                                    else "")
         sql = CLAIM.format(where=where, columns=REF_COLUMNS)
-        with self._gate.use(), _translate(self._display, "claim due cases"), \
+        with self._gate.use(), translate(self._display, "claim due cases"), \
                 self._connection() as conn:
             rows = conn.execute(sql, {"now": now, "skip": sorted(skip), "limit": limit,
                                       "me": self.leases.holder,
@@ -396,7 +390,7 @@ class PostgresStore:
     def exclusive(self) -> Iterator[_Exclusive]:
         """Hold the write lock against every commit of every worker (gc)."""
         self._require_writable()
-        with self._gate.use(), self._commit_lock, _translate(self._display, "lock the store"):
+        with self._gate.use(), self._commit_lock, translate(self._display, "lock the store"):
             conn = self._writer_conn()
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
@@ -405,13 +399,15 @@ class PostgresStore:
     @guarded
     def index_problems(self) -> list[str]:
         """What makes the index unfit to judge the blobs by (verify and gc refuse then)."""
-        with _translate(self._display, "inspect the index"), self._connection() as conn:
+        with translate(self._display, "inspect the index"), self._connection() as conn:
             gens = conn.execute("SELECT COUNT(*) FROM viano_generations").fetchone()[0]
             blob_rows = conn.execute("SELECT COUNT(*) FROM viano_blobs").fetchone()[0]
         problems = []
-        if not self._id_matches():
-            problems.append(f"the blob root {self.blob_root} does not belong to this store "
-                            "(its store-id differs from the database's or is missing)")
+        wrong_root = blob_root_problem(self.blob_root, self.meta)
+        if wrong_root is not None:
+            problems.append(wrong_root.message)
+        elif not self._id_matches():
+            problems.append(f"the blob root {self.blob_root} has no store-id file")
         if not gens and blob_rows:
             problems.append(f"the index has no generations but holds {blob_rows} blob(s): "
                             "it was emptied or replaced")
@@ -419,7 +415,7 @@ class PostgresStore:
 
     def _id_matches(self) -> bool:
         try:
-            return (self.blob_root / ID_NAME).read_text().strip() == self.store_id
+            return (self.blob_root / "store-id").read_text().strip() == self.meta["store_id"]
         except (OSError, UnicodeDecodeError):
             return False
 
@@ -430,7 +426,7 @@ class PostgresStore:
 
     @guarded
     def _select_refs(self, where: str = "", args: Sequence[Any] = ()) -> list[CaseRef]:
-        with _translate(self._display, "read the case index"), self._connection() as conn:
+        with translate(self._display, "read the case index"), self._connection() as conn:
             rows = conn.execute(f"SELECT {REF_COLUMNS} FROM viano_refs {where}",
                                 args).fetchall()
         return [ref_from_row(r) for r in rows]
@@ -452,7 +448,7 @@ class PostgresStore:
             if getattr(self._local, "txn", None) is not None:
                 yield
                 return
-            with _translate(self._display, "read the store"):
+            with translate(self._display, "read the store"):
                 cm = self._pool.connection()
                 conn = cm.__enter__()
                 conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
@@ -462,7 +458,7 @@ class PostgresStore:
             finally:
                 self._local.txn = None
                 try:
-                    with _translate(self._display, "read the store"):
+                    with translate(self._display, "read the store"):
                         conn.execute("COMMIT")
                 finally:
                     cm.__exit__(None, None, None)
@@ -473,6 +469,12 @@ class PostgresStore:
         pair to agree: the row (generation and status) is read in one statement, and a
         generation's manifest never changes once written (one round trip when the
         manifest is cached, as a case actor's head mostly is)."""
+        if self.leases.is_lost(case_id):
+            raise StaleGeneration(f"case {case_id!r}: this worker's lease was taken over "
+                                  "while it stalled; it takes no further step",
+                                  reason="lease_lost",
+                                  hint="Nothing to do: the worker that holds the case "
+                                       "carries it on.")
         ref = self.case(case_id)
         with self._connection() as conn:
             return ref, self._manifest(conn, ref.package_id, ref.generation)
@@ -484,32 +486,32 @@ class PostgresStore:
         extra = AWAITING_WHERE if awaiting_confirmation else ""
         return self._select_refs(f"WHERE {DUE_WHERE.format(now='%s')}{extra} "
                                  "ORDER BY COALESCE(due_at, %s), case_id LIMIT %s",
-                                 (now, now, limit))
+                                 (now, now, None if limit < 0 else limit))  # as SQLite's
 
     @guarded
     def next_due(self) -> float | None:
-        with _translate(self._display, "read the case index"), self._connection() as conn:
+        with translate(self._display, "read the case index"), self._connection() as conn:
             row = conn.execute("SELECT MIN(due_at) FROM viano_refs WHERE "
                                "status='RETRY_PENDING'").fetchone()
         return None if row[0] is None else float(row[0])
 
     @guarded
     def status_counts(self) -> dict[tuple[str, str], int]:
-        with _translate(self._display, "count cases"), self._connection() as conn:
+        with translate(self._display, "count cases"), self._connection() as conn:
             return {(p, s): n for p, s, n in conn.execute(
                 "SELECT phase, COALESCE(status, 'READY'), COUNT(*) FROM viano_refs "
                 "GROUP BY 1, 2")}
 
     @guarded
     def package_ids(self) -> list[str]:
-        with _translate(self._display, "list packages"), self._connection() as conn:
+        with translate(self._display, "list packages"), self._connection() as conn:
             rows = conn.execute("SELECT DISTINCT package_id FROM viano_generations "
                                 "ORDER BY package_id").fetchall()
         return [r[0] for r in rows]
 
     @guarded
     def generations(self, package_id: str) -> list[GenerationRow]:
-        with _translate(self._display, "read generations"), self._connection() as conn:
+        with translate(self._display, "read generations"), self._connection() as conn:
             rows = conn.execute(
                 "SELECT package_id, generation, parent, manifest_sha256, manifest, phase, "
                 "created_at FROM viano_generations WHERE package_id=%s ORDER BY generation",
@@ -527,7 +529,7 @@ class PostgresStore:
         if cached is not None:
             return cached
         check_generation(generation)
-        with _translate(self._display, "read a manifest"):
+        with translate(self._display, "read a manifest"):
             row = conn.execute("SELECT manifest, manifest_sha256 FROM viano_generations "
                                "WHERE package_id=%s AND generation=%s", key).fetchone()
         manifest = parse_stored_manifest(None if row is None else bytes(row[0]),
@@ -538,14 +540,14 @@ class PostgresStore:
 
     @guarded
     def blob_info(self, sha256: str) -> BlobInfo | None:
-        with _translate(self._display, "read a blob"), self._connection() as conn:
+        with translate(self._display, "read a blob"), self._connection() as conn:
             row = conn.execute("SELECT size, data IS NOT NULL FROM viano_blobs WHERE "
                                "sha256=%s", (bytes.fromhex(sha256),)).fetchone()
         return None if row is None else BlobInfo(int(row[0]), bool(row[1]))
 
     @guarded
     def _inline(self, sha256: str) -> bytes | None:
-        with _translate(self._display, "read a blob"), self._connection() as conn:
+        with translate(self._display, "read a blob"), self._connection() as conn:
             row = conn.execute("SELECT size, data FROM viano_blobs WHERE sha256=%s",
                                (bytes.fromhex(sha256),)).fetchone()
         if row is None:
@@ -574,147 +576,3 @@ class _Exclusive:
             return referenced_hashes(cur)
 
 
-# -- opening, creating -------------------------------------------------------------------
-
-
-def _conninfo(psycopg: Any, url: str, write: bool) -> str:
-    """The URL as libpq conninfo, with a connect timeout unless it sets one, and read-only
-    transactions enforced by the server for a read-only open."""
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-    try:
-        params = conninfo_to_dict(url)
-    except psycopg.ProgrammingError as exc:
-        raise NotAStore(f"--store {display_url(url)} is not a valid PostgreSQL URL",
-                        hint="Use postgresql://user@host:5432/db or "
-                             "postgresql://user@/db?host=/socket/dir.") from exc
-    extra: dict[str, Any] = {"application_name": params.get("application_name") or "viano"}
-    if "connect_timeout" not in params:
-        extra["connect_timeout"] = 10
-    if not write:
-        extra["options"] = (str(params.get("options") or "") +
-                            " -c default_transaction_read_only=on").strip()
-    return str(make_conninfo(url, **extra))
-
-
-def _has_schema(conn: Any) -> bool:
-    # A scan of the catalog (a fresh snapshot per statement), not to_regclass: its cache can
-    # miss a table that another creator committed while this one waited for the lock.
-    return bool(conn.execute("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_tables WHERE "
-                             "schemaname = current_schema() AND tablename = 'viano_meta')"
-                             ).fetchone()[0])
-
-
-def _open_schema(conn: Any, shown: str, *, write: bool, create: bool) -> str:
-    """The store id of the database's store, creating the schema if asked and absent."""
-    if not _has_schema(conn):
-        if not (write and create):
-            raise NotFound(f"no store at {shown}", reason="no_store",
-                           hint="Create one with 'viano intake --store URL'.")
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (CREATE_LOCK,))
-            if not _has_schema(conn):
-                foreign = [r[0] for r in conn.execute(
-                    "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
-                    "AND tablename <> ALL(%s) ORDER BY 1 LIMIT 3", (list(TABLES),))]
-                if foreign:
-                    raise NotAStore(f"{shown} holds tables that are not a Viano store's "
-                                    f"({', '.join(foreign)})",
-                                    hint="Give Viano a database of its own.")
-                for stmt in SCHEMA.strip().split(";"):
-                    conn.execute(stmt)
-                conn.execute("INSERT INTO viano_meta VALUES ('format', %s), ('store_id', %s)",
-                             (f"{FORMAT_PREFIX}{CURRENT_VERSION}", str(uuid.uuid4())))
-                log.info("created the store schema in %s", shown)
-    meta = dict(conn.execute("SELECT key, value FROM viano_meta").fetchall())
-    version = parse_version(str(meta.get("format", "")))
-    if version is None or "store_id" not in meta:
-        raise StorageError(f"{shown} has no Viano store format", reason="store_corrupt",
-                           hint="Restore the database from a backup.")
-    if version != CURRENT_VERSION:
-        newer = version > CURRENT_VERSION
-        raise StorageError(f"{shown} has store format {FORMAT_PREFIX}{version}; this Viano "
-                           f"reads {FORMAT_PREFIX}{CURRENT_VERSION}", reason="store_format",
-                           hint="Upgrade Viano to open this store." if newer else
-                           "This store predates the PostgreSQL backend's first release; "
-                           "export it with the Viano that wrote it and import it here.")
-    return str(meta["store_id"])
-
-
-def _check_blob_root(root: Path, store_id: str, shown: str, *, write: bool) -> None:
-    """The blob root carries the store's id, so that two stores never share one, and a
-    worker whose mount points elsewhere is refused before it writes."""
-    id_file = root / ID_NAME
-    try:
-        on_disk: str | None = id_file.read_text().strip()
-    except FileNotFoundError:
-        on_disk = None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise StorageError(f"the blob root's store-id file cannot be read ({exc})",
-                           reason="store_unavailable") from exc
-    if on_disk is not None and on_disk != store_id:
-        raise StorageError(f"the blob root {root} belongs to another store (store-id "
-                           f"{on_disk[:8]}…; {shown} is {store_id[:8]}…)",
-                           reason="store_corrupt",
-                           hint="Point [store] blob_root at this store's own blob folder.")
-    if on_disk is None and write:
-        try:
-            if (root / "blobs").exists():
-                raise StorageError(f"the blob root {root} holds blobs but no store-id: it "
-                                   "cannot be shown to belong to this store",
-                                   reason="store_corrupt",
-                                   hint="Point [store] blob_root at this store's own blob "
-                                        "folder.")
-            root.mkdir(parents=True, exist_ok=True)
-            tmp = root / f".{ID_NAME}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-            with tmp.open("w") as f:
-                f.write(store_id + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            try:
-                os.link(tmp, id_file)  # never over another creator's
-            except FileExistsError:
-                pass
-            finally:
-                tmp.unlink(missing_ok=True)
-            fsync_dir(root)
-        except OSError as exc:
-            raise StorageError(f"cannot prepare the blob root {root}: {exc.strerror or exc}",
-                               reason="store_unavailable",
-                               hint="Check that [store] blob_root exists and is writable.") \
-                from exc
-        _check_blob_root(root, store_id, shown, write=False)
-
-
-@contextmanager
-def _translate(shown: str, doing: str) -> Iterator[None]:
-    """Translate psycopg/pool/OS errors at the storage boundary (never with the URL's
-    password: ``shown`` has none, and libpq's messages carry none)."""
-    try:
-        yield
-    except VianoError:
-        raise
-    except OSError as exc:
-        raise StorageError(f"could not {doing}: {exc}", reason="store_unavailable",
-                           hint="Check the blob root's permissions and free space.") from exc
-    except Exception as exc:
-        if type(exc).__module__.split(".")[0] not in ("psycopg", "psycopg_pool"):
-            raise
-        import psycopg
-        import psycopg_pool
-
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if isinstance(exc, (psycopg.errors.InsufficientPrivilege,
-                            psycopg.errors.ReadOnlySqlTransaction)):
-            raise StorageError(f"could not {doing} at {shown}: {first}",
-                               reason="store_read_only",
-                               hint="This database role may only read the store; read "
-                                    "commands still work.") from exc
-        unavailable = isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError,
-                                       psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed))
-        raise StorageError(f"could not {doing} at {shown}: {first}",
-                           reason="store_unavailable" if unavailable else "store_corrupt",
-                           hint="Check that PostgreSQL is running and reachable, and the "
-                                "URL's user, database and password." if unavailable else
-                                "Run 'viano verify'; the store's schema may be damaged.") \
-            from exc

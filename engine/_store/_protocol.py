@@ -18,6 +18,7 @@ import attrs
 from ._manifest import Manifest
 from ._plan import GenerationRow
 from ._requests import CaseStatus, Outcome, Request
+from ._sources import BlobSource
 
 
 @attrs.frozen
@@ -47,11 +48,19 @@ class StoreStats:
 
 
 class BlobStorage(Protocol):
-    """Where large blobs live (a folder today; an object store could be another)."""
+    """Where large blobs live: a folder (``BlobFiles``, the SQLite store's or the shared
+    blob root of a PostgreSQL store); an object store could be another. Everything the
+    backends, verify and gc do with large blobs goes through this."""
 
+    def write(self, source: BlobSource) -> None:
+        """Put the blob in place durably (before the transaction that references it),
+        unless exactly its bytes are there; the bytes are hashed as they are written."""
+        ...
     def exists(self, sha256: str, size: int) -> bool: ...
+    def open_regular(self, sha256: str) -> BinaryIO: ...
     def iter_files(self) -> Iterator[tuple[str, Path]]: ...
     def iter_tmp(self) -> Iterator[Path]: ...
+    def remove_abandoned(self, path: Path) -> bool: ...
     def has_any(self) -> bool: ...
 
 

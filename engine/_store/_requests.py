@@ -38,6 +38,28 @@ def _due(_inst: Any, _attr: Any, value: float | None) -> None:
         raise ChangeRejected(f"due_at {value!r} is not a finite POSIX time")
 
 
+_MAX_INT = 2**62  # within a signed 64-bit column in every backend
+_MAX_TEXT = 256
+
+
+def _text(_inst: Any, attr: Any, value: str | None) -> None:
+    """A status word: what every backend's text column holds (no NUL, no control
+    characters, bounded), so no status can fail the batch it is committed in."""
+    if value is None and attr.name != "phase":
+        return
+    if type(value) is not str or not 0 < len(value) <= _MAX_TEXT or \
+            any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in value):
+        raise ChangeRejected(f"status {attr.name} {value!r} is not a printable word of at "
+                             f"most {_MAX_TEXT} characters")
+
+
+def _count(_inst: Any, attr: Any, value: int | None) -> None:
+    if value is None and attr.name != "calls_started":
+        return
+    if type(value) is not int or not 0 <= value <= _MAX_INT:
+        raise ChangeRejected(f"status {attr.name} {value!r} is not a count from 0 to 2**62")
+
+
 @attrs.frozen
 class CaseStatus:
     """The durable status of a case, kept in the store's index and indexed by due time.
@@ -48,13 +70,13 @@ class CaseStatus:
     ``reason`` code of the last dispatch result."""
 
     status: str = attrs.field(validator=_status_value)
-    phase: str
-    reason: str | None = None
-    round: int | None = None
-    max_rounds: int | None = None
+    phase: str = attrs.field(validator=_text)  # type: ignore[assignment]  # required there
+    reason: str | None = attrs.field(default=None, validator=_text)
+    round: int | None = attrs.field(default=None, validator=_count)
+    max_rounds: int | None = attrs.field(default=None, validator=_count)
     due_at: float | None = attrs.field(default=None, validator=_due)
-    attempt_id: str | None = None
-    calls_started: int = 0
+    attempt_id: str | None = attrs.field(default=None, validator=_text)
+    calls_started: int = attrs.field(default=0, validator=_count)
 
     @property
     def due_at_iso(self) -> str | None:

@@ -48,6 +48,7 @@ from ._common import (
     ManifestCache,
     check_generation,
     chunks,
+    commit_each_alone,
     guarded,
     parse_stored_manifest,
     prepare_blobs,
@@ -188,8 +189,12 @@ class SqliteStore:
         """Commit every acceptable request of the batch in one transaction.
 
         Returns one outcome per request, in order: its durable acknowledgement, or the
-        reason it was refused. A refused request writes nothing; the others are unaffected.
+        reason it was refused. A refused request writes nothing; the others are unaffected
+        (even by a value SQLite refuses: see :func:`commit_each_alone`).
         """
+        return commit_each_alone(self._commit, requests, _value_error)
+
+    def _commit(self, requests: Sequence[Request]) -> list[Outcome]:
         conn = self.writer
         refused: list[VianoError | None] = [None] * len(requests)
         inline: dict[str, bytes] = {}
@@ -697,6 +702,13 @@ def _connect(path: Path, *, writer: bool) -> sqlite3.Connection:
     except sqlite3.Error as exc:
         raise StorageError(f"cannot open {path}: {exc}", reason=_reason(exc)) from exc
     return conn
+
+
+def _value_error(exc: BaseException) -> bool:
+    """A value SQLite cannot bind or store (an integer past 64 bits, a constraint)."""
+    cause = exc.__cause__ if isinstance(exc, StorageError) else exc
+    return isinstance(cause, (OverflowError, sqlite3.IntegrityError, sqlite3.DataError,
+                              sqlite3.InterfaceError))
 
 
 def _reason(exc: sqlite3.Error) -> str:

@@ -53,9 +53,10 @@ class Server:
     """PostgreSQL from the pgserver wheel, in a temporary folder."""
 
     def __init__(self, tmp: Path):
+        if not os.environ.get("XDG_RUNTIME_DIR"):  # platformdirs (pgserver) warns without
+            os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="vxdg-")
         import pgserver  # type: ignore[import-untyped]
 
-        os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="vxdg-"))
         self.folder = Path(tempfile.mkdtemp(prefix="vpg-", dir="/tmp"))
         self.server = pgserver.get_server(str(self.folder), cleanup_mode="delete")
         self.admin = str(self.server.get_uri())
@@ -164,8 +165,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="200 cases, 0 and 50 ms, 1 and 2")
     args = ap.parse_args()
     try:
-        import pgserver  # noqa: F401
-        import psycopg  # noqa: F401
+        import importlib.util
+
+        missing = [m for m in ("pgserver", "psycopg") if importlib.util.find_spec(m) is None]
+        if missing:
+            raise ImportError(missing)
     except ImportError:
         raise SystemExit("bench/scale.py needs the test extras (pgserver, psycopg): "
                          "pip install -e '.[test]'") from None

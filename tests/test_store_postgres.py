@@ -33,6 +33,7 @@ from engine import (
     PublishRequest,
     StaleGeneration,
     StorageError,
+    StoreConfig,
     new_package_id,
     open_backend,
 )
@@ -384,6 +385,35 @@ class TestLeases:
         # closing a worker gives back its claims
         assert _exec(pg_url, "SELECT count(*) FROM viano_leases") == [(0,)]
 
+    def test_a_claim_racing_others_still_takes_its_share(self, pg_url: str,
+                                                         tmp_path: Path) -> None:
+        """Four workers claiming as fast as they can: a claim whose rows another claim
+        took between its snapshot and its row locks claims again, so every claim gets its
+        full share while free cases remain (an empty claim reads as "no work" and ends a
+        pass: a worker sat idle through a whole benchmark run)."""
+        seed = _open(pg_url, tmp_path / "b")
+        seed.commit_batch([create(f"S-{i:04d}") for i in range(1600)])
+        workers = [_open(pg_url, tmp_path / "b") for _ in range(4)]
+        sizes: list[list[int]] = [[] for _ in workers]
+        start = threading.Barrier(len(workers))
+
+        def claim(i: int) -> None:
+            start.wait()
+            for _ in range(15):  # 4 x 15 x 25 = 1500 of the 1600 cases
+                sizes[i].append(len(workers[i].claim_due(0.0, 25)))
+
+        try:
+            threads = [threading.Thread(target=claim, args=(i,)) for i in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            assert sizes == [[25] * 15] * 4
+        finally:
+            for w in workers:
+                w.close()
+            seed.close()
+
     def test_a_retry_is_claimed_only_when_due(self, pg_url: str, tmp_path: Path) -> None:
         store = _open(pg_url, tmp_path / "b")
         try:
@@ -468,3 +498,30 @@ class TestAcrossBackends:
         for args in (["--store", str(src)], ["--config", str(cfg)],
                      ["--store", str(tmp_path / "sqlite-b")]):
             assert cli("verify", *args, "--json").json["ok"]  # type: ignore[index]
+
+
+class TestPasses:
+    @pytest.mark.parametrize("concurrency", [1, 8])
+    async def test_a_pass_claims_no_more_than_it_starts_soon(
+            self, pg_url: str, tmp_path: Path, concurrency: int) -> None:
+        """Claimed cases are leased to this worker: a pass over a shared store claims at
+        most two slots' worth (what it starts soon), never a long read-ahead that would
+        keep 4 x concurrency + 64 cases from the other workers for lease_s."""
+        from tests.batch_helpers import batch_config
+        from tests.phase_helpers import ENV
+        from viano_bug_analysis import open_engine
+
+        config = attrs.evolve(batch_config([]), store=StoreConfig(
+            url=pg_url, blob_root=str(tmp_path / "b")))
+        limits: list[int] = []
+        async with open_engine(store=pg_url, config=config, environ=ENV,
+                               concurrency=concurrency) as engine:
+            real = engine.store.store.claim_due
+
+            def claim_due(now: float, limit: int, **kw: Any) -> Any:
+                limits.append(limit)
+                return real(now, limit, **kw)
+
+            engine.store.store.claim_due = claim_due  # type: ignore[method-assign]
+            assert await engine.run_until_idle() == []
+        assert limits == [2 * concurrency]

@@ -64,9 +64,15 @@ WITH due AS (
     WHERE l.holder = excluded.holder OR l.expires_at <= clock_timestamp()
     RETURNING case_id
 )
-SELECT {columns} FROM viano_refs r JOIN due USING (case_id)
-WHERE r.case_id IN (SELECT case_id FROM taken) ORDER BY due.sort_key, r.case_id
+SELECT c.considered, x.* FROM (SELECT count(*) AS considered FROM due) c
+LEFT JOIN (SELECT {columns}, due.sort_key FROM viano_refs r JOIN due USING (case_id)
+           WHERE r.case_id IN (SELECT case_id FROM taken)) x ON true
+ORDER BY x.sort_key, x.case_id
 """
+# The claim's rows carry how many due rows it considered: fewer taken than considered means
+# another worker's claim committed between this statement's snapshot and its row locks (its
+# leases were not yet visible), and the claim is made again with a fresh snapshot.
+CLAIM_ATTEMPTS = 8
 
 Connect = Callable[[], AbstractContextManager[Any]]
 

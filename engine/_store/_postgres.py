@@ -61,7 +61,7 @@ from ._common import (
 )
 from ._crash import crash_point
 from ._manifest import Manifest
-from ._pg_leases import CLAIM, FENCE, Leases
+from ._pg_leases import CLAIM, CLAIM_ATTEMPTS, FENCE, Leases
 from ._pg_open import (
     blob_root_problem,
     claim_blob_root,
@@ -368,21 +368,32 @@ class PostgresStore:
     def claim_due(self, now: float, limit: int, *, skip: Collection[str] = (),
                   awaiting_confirmation: bool = False) -> list[CaseRef]:
         """Up to ``limit`` due cases, each leased to this worker in the same statement
-        (``FOR UPDATE SKIP LOCKED``): workers claiming at once get disjoint cases."""
+        (``FOR UPDATE SKIP LOCKED``): workers claiming at once get disjoint cases, and
+        a claim that lost rows to another's (committed between its snapshot and its row
+        locks) is made again, so an empty answer means no due case is free."""
         if not self._writable or limit <= 0:
-            left_out = set(skip)
-            refs = self.due_cases(now, max(limit, 0) + len(left_out),
-                                  awaiting_confirmation=awaiting_confirmation)
-            return [r for r in refs if r.case_id not in left_out][:max(limit, 0)]
+            skipped = set(skip)
+            due = self.due_cases(now, max(limit, 0) + len(skipped),
+                                 awaiting_confirmation=awaiting_confirmation)
+            return [r for r in due if r.case_id not in skipped][:max(limit, 0)]
         where = DUE_WHERE.format(now="%(now)s") + (AWAITING_WHERE if awaiting_confirmation
                                                    else "")
         sql = CLAIM.format(where=where, columns=REF_COLUMNS)
+        refs: list[CaseRef] = []
+        left_out = set(skip)
         with self._gate.use(), translate(self._display, "claim due cases"), \
                 self._connection() as conn:
-            rows = conn.execute(sql, {"now": now, "skip": sorted(skip), "limit": limit,
-                                      "me": self.leases.holder,
-                                      "lease": self.leases.lease_s}).fetchall()
-        refs = [ref_from_row(r) for r in rows]
+            for _attempt in range(CLAIM_ATTEMPTS):
+                rows = conn.execute(sql, {"now": now, "skip": sorted(left_out),
+                                          "limit": limit - len(refs),
+                                          "me": self.leases.holder,
+                                          "lease": self.leases.lease_s}).fetchall()
+                got = [ref_from_row(r[1:15]) for r in rows if r[1] is not None]
+                refs.extend(got)
+                left_out.update(r.case_id for r in got)
+                considered = rows[0][0] if rows else 0
+                if len(got) == considered or len(refs) >= limit:
+                    break  # nothing was lost to another worker's claim meanwhile
         self.leases.claimed([r.case_id for r in refs])
         return refs
 

@@ -299,6 +299,29 @@ class TestLeases:
             a.close()
             b.close()
 
+    def test_512_cases_in_flight_need_no_more_connections_than_the_pool(
+            self, pg_url: str, tmp_path: Path) -> None:
+        """Leases are rows, not sessions: 512 leases held at once, with reads and a commit
+        among them, use the pool's connections and the publisher's, not 512."""
+        from contextlib import ExitStack
+
+        from engine._store._postgres import POOL_SIZE
+
+        store = _open(pg_url, tmp_path / "b")
+        name = urlsplit(pg_url).path.lstrip("/")
+        try:
+            store.commit_batch([create(f"C-{i:03d}") for i in range(512)])
+            with ExitStack() as held:
+                for i in range(512):
+                    held.enter_context(store.lease(f"C-{i:03d}"))
+                assert store.head("C-007")[0].case_id == "C-007"
+                assert _exec(pg_url, "SELECT count(*) FROM viano_leases") == [(512,)]
+                (n,), = _exec(pg_url, "SELECT count(*) FROM pg_stat_activity WHERE "
+                                      "datname = %s AND pid <> pg_backend_pid()", name)
+                assert n <= POOL_SIZE + 1, n
+        finally:
+            store.close()
+
     def test_an_expired_lease_is_taken_over_and_the_late_worker_is_fenced(
             self, pg_url: str, tmp_path: Path) -> None:
         """A worker that stalls past its lease: another takes the case over; the stalled

@@ -141,6 +141,7 @@ def run_workers(pg: Server, n: int, latency_ms: float, workers: int, concurrency
         for k, v in r["statuses"].items():
             statuses[k] = statuses.get(k, 0) + v
     pubs = sum(r["publications"] for r in reports)
+    pubs_per_case = pubs / max(done, 1)
     txns = sum(r["transactions"] for r in reports)
     ideal = None if latency_ms == 0 else workers * concurrency / (
         CALLS_PER_CASE * latency_ms / 1000)
@@ -149,10 +150,46 @@ def run_workers(pg: Server, n: int, latency_ms: float, workers: int, concurrency
             "seconds": elapsed, "cases_per_s": done / elapsed, "ideal_per_s": ideal,
             "x_ideal": None if ideal is None else done / elapsed / ideal,
             "publications_per_transaction": pubs / txns if txns else 0.0,
+            "publications_per_case": pubs_per_case,
             "round_trips_per_case": sum(r["statements"] for r in reports) / max(done, 1),
             "server_transactions_per_case": xacts / max(done, 1),
             "cpu_ms_per_case": sum(r["cpu_s"] for r in reports) / max(done, 1) * 1e3,
             "per_worker_cases": [r["cases"] for r in reports]}
+
+
+def commit_lock_ms(pg: Server, tmp: Path, batch: int = 24, rounds: int = 40) -> float:
+    """Median time one group commit of ``batch`` publications holds the store's write lock
+    (the advisory lock every worker's commits take), alone on the database: what bounds
+    all workers together, whatever the number of hosts."""
+    import statistics
+
+    from engine import BytesSource, Change, PublishRequest, new_package_id, open_backend
+
+    store = open_backend(pg.database("scale_lock"), write=True,
+                         blob_root=str(tmp / "blobs-lock"))
+    heads: dict[str, tuple[str, int]] = {}
+    times = []
+    try:
+        for rnd in range(rounds):
+            reqs = []
+            for i in range(batch):
+                case = f"L-{i}"
+                note = {f"notes/{rnd}.json": BytesSource.of(os.urandom(3000))}
+                if case in heads:
+                    pkg, gen = heads[case]
+                    reqs.append(PublishRequest(pkg, case, gen, Change(files=note)))
+                else:
+                    reqs.append(PublishRequest(new_package_id(), case, None, Change(
+                        files={**note, "case/c.json": BytesSource.of(b"{}")},
+                        phase="INTAKE")))
+            t = time.perf_counter()
+            out = store.commit_batch(reqs)
+            times.append(time.perf_counter() - t)
+            for o in out:
+                heads[o.case_id] = (o.package_id, o.generation)  # type: ignore[union-attr]
+    finally:
+        store.close()
+    return statistics.median(times[5:]) * 1e3
 
 
 def main() -> None:
@@ -194,6 +231,7 @@ def main() -> None:
                     out.append(res)
                     print(f"    {res['cases_per_s']:,.0f} cases/s {res['statuses']}",
                           flush=True)
+            lock_ms = commit_lock_ms(pg, tmp)
         finally:
             pg.stop()
     one = {r["latency_ms"]: r["cases_per_s"] for r in out
@@ -209,7 +247,14 @@ def main() -> None:
                 ["backend", "W", "lat ms", "cases", "cases/s", "ideal/s", "x ideal",
                  "x 1 worker", "pubs/txn", "trips/case", "pg txn/case", "cpu ms/case"],
                 rows)
-    write_json("scale", {"runs": out, "calls_per_case": CALLS_PER_CASE})
+    per_case = max((r.get("publications_per_case") or 0.0) for r in out)
+    ceiling = 24 / (lock_ms / 1000) / per_case if per_case else float("nan")
+    print(f"\none 24-publication group commit holds the write lock {lock_ms:.2f} ms (median, "
+          f"alone); at {per_case:.1f} publications per case, one database of this kind "
+          f"would carry at most ~{ceiling:,.0f} cases/s through that lock, however many "
+          "hosts")
+    write_json("scale", {"runs": out, "calls_per_case": CALLS_PER_CASE,
+                         "commit_lock_ms_24": lock_ms, "lock_ceiling_cases_per_s": ceiling})
 
 
 if __name__ == "__main__":

@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# The benchmarks' provider key: shaped like a real one. A key that is also an ordinary word
+# of the requests ("bench" was the model's name) made the redactor mask every body, the
+# slow path, which no real deployment takes.
+BENCH_KEY = "sk-bench-7f3a9c1e5b2d4f6a8c0e1b3d5f7a9c2e"
 
 
 def median(values: Sequence[float]) -> float:

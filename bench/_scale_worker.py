@@ -14,6 +14,7 @@ import trio
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench._common import BENCH_KEY  # noqa: E402
 from engine import (  # noqa: E402
     Config,
     GatewayConfig,
@@ -38,7 +39,7 @@ def config(port: int, concurrency: int, url: str, blob_root: str) -> Config:
 async def run(url: str, blob_root: str, port: int, concurrency: int) -> None:
     cfg = config(port, concurrency, url, blob_root)
     async with open_engine(store=url, config=cfg, concurrency=concurrency,
-                           environ={"VIANO_BENCH_KEY": "bench"}) as engine:
+                           environ={"VIANO_BENCH_KEY": BENCH_KEY}) as engine:
         print("ready", flush=True)
         await trio.to_thread.run_sync(sys.stdin.readline)
         t0, cpu0 = time.perf_counter(), time.process_time()

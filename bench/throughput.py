@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from actors import open_store  # noqa: E402
-from bench._common import percentile, print_table, write_json  # noqa: E402
+from bench._common import BENCH_KEY, percentile, print_table, write_json  # noqa: E402
 from engine import (  # noqa: E402
     Config,
     GatewayConfig,
@@ -115,7 +115,7 @@ async def advance_all(store_root: Path, port: int, concurrency: int) -> dict[str
         nursery.start_soon(sample)
         t0, cpu0 = time.perf_counter(), time.process_time()
         async with open_engine(store=store_root, config=config, concurrency=concurrency,
-                               environ={"VIANO_BENCH_KEY": "bench"}) as engine:
+                               environ={"VIANO_BENCH_KEY": BENCH_KEY}) as engine:
             results = await engine.run_until_idle()
             stats = engine.store.stats
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0

@@ -41,6 +41,14 @@ def _non_negative(_inst: Any, attribute: attrs.Attribute[Any], value: Any) -> No
         raise ValueError(f"{attribute.name} must not be negative, got {value}")
 
 
+def _lease(_inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    """A lease is renewed every lease_s / 3 and a dead worker's cases wait lease_s: under
+    1 s renewals would flood the database, over a day a crash would stall its cases."""
+    _finite(attribute, value)
+    if not 1 <= value <= 86400:
+        raise ValueError(f"{attribute.name} must be from 1 to 86400 seconds, got {value}")
+
+
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
@@ -168,7 +176,7 @@ class StoreConfig:
 
     url: str | None = None
     blob_root: str | None = None
-    lease_s: float = attrs.field(default=30.0, validator=_positive)
+    lease_s: float = attrs.field(default=30.0, validator=_lease)
 
 
 @attrs.frozen

@@ -365,3 +365,6 @@ class TestDaemonEndings:
         assert set(doc["summary"]) >= {"results_by_status", "providers", "store",
                                        "interrupted_in_flight"}
         assert doc["summary"]["providers"]["loopback"]["answers"] >= 2
+        # Counted before the engine closes: the first case done, the others were in flight.
+        assert doc["summary"]["interrupted_in_flight"] >= 1, doc["summary"]
+        assert "event" not in doc["summary"]

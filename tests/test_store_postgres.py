@@ -548,3 +548,111 @@ class TestPasses:
             engine.store.store.claim_due = claim_due  # type: ignore[method-assign]
             assert await engine.run_until_idle() == []
         assert limits == [2 * concurrency]
+
+
+class TestWhatANewUserTypes:
+    @pytest.mark.parametrize("password", ["S3cret/Pw_xyz", "S3cret#Pw_xyz", "S3c@ret@Pw_xyz"])
+    def test_a_password_with_reserved_characters_is_refused_unprinted(
+            self, tmp_path: Path, password: str) -> None:
+        url = f"postgresql://probe:{password}@/vpw?host=/tmp/nowhere"
+        r = run_viano("status", "--json", "--store", url, "--config",
+                      _config(tmp_path, "x", tmp_path / "b"))
+        assert r.returncode == 2 and json.loads(r.stdout)["error"]["reason"] == "not_a_store"
+        for part in ("S3c", "Pw_xyz", "ret"):
+            assert part not in r.stdout + r.stderr, (password, r.stdout, r.stderr)
+
+    @pytest.mark.parametrize("location", [
+        "postgresl://postgres@/v1?host=/tmp", "PostgreSQL+psycopg://u@h/db", "postgresql:/v1",
+        "mysql://u@h/db", "host=/tmp dbname=vpw user=probe password=S3cretPw_xyz"])
+    def test_a_mistyped_database_address_never_becomes_a_folder_store(
+            self, cli: Cli, tmp_path: Path, sample: Path, location: str) -> None:
+        r = cli("intake", "--json", "--store", location, "--report", sample / "report.json")
+        assert r.code == 2 and r.json["error"]["reason"] == "not_a_store"  # type: ignore[index]
+        assert "S3cretPw_xyz" not in r.out + r.err
+        assert list(tmp_path.iterdir()) == [], "a folder store was created"
+
+    def test_the_scheme_is_read_in_any_case(self, pg_url: str, tmp_path: Path) -> None:
+        store = _open("PostgreSQL" + pg_url[len("postgresql"):], tmp_path / "b")
+        store.close()
+        assert _tables(pg_url)
+
+    def test_a_mistyped_database_name_is_no_store(self, cli: Cli, pg_server: str,
+                                                  tmp_path: Path) -> None:
+        url = pg_server.replace("/postgres?", "/no_such_db?")
+        r = cli("status", "--summary", "--json", "--config", _config(tmp_path, url,
+                                                                      tmp_path / "b"))
+        assert r.code == 2 and r.json["error"]["reason"] == "no_store"  # type: ignore[index]
+
+    def test_a_url_without_a_database_is_refused(self, pg_server: str, tmp_path: Path
+                                                 ) -> None:
+        with pytest.raises(NotAStore) as info:
+            _open(pg_server.replace("/postgres?", "/?"), tmp_path / "b")
+        assert "names no database" in info.value.message
+
+    def test_an_option_libpq_refuses_is_a_refusal_that_quotes_no_value(
+            self, pg_url: str, tmp_path: Path) -> None:
+        with pytest.raises(NotAStore) as info:
+            _open(pg_url + "&connect_timeout=abc", tmp_path / "b")
+        assert "connect_timeout" in info.value.message
+        assert "'abc'" not in info.value.message and '"abc"' not in info.value.message
+
+    def test_read_commands_work_with_a_url_asking_for_a_read_write_session(
+            self, cli: Cli, pg_url: str, tmp_path: Path, sample: Path) -> None:
+        url = pg_url + "&target_session_attrs=read-write"
+        cfg = _config(tmp_path, url, tmp_path / "b")
+        assert cli("intake", "--config", cfg, "--report", sample / "report.json").code == 0
+        for args in (["status"], ["verify"], ["show", "BUG-20"], ["log", "BUG-20"]):
+            r = cli(*args, "--config", cfg)
+            assert r.code == 0, (args, r.err)
+
+    def test_a_database_of_other_tables_is_not_a_store_for_reading_either(
+            self, cli: Cli, pg_url: str, tmp_path: Path) -> None:
+        _exec(pg_url, "CREATE TABLE customers (id int)")
+        for args in (["status"], ["verify"], ["status", "--summary"]):
+            r = cli(*args, "--json", "--config", _config(tmp_path, pg_url, tmp_path / "b"))
+            assert r.code == 2 and r.json["error"]["reason"] == "not_a_store", args  # type: ignore[index]
+
+    def test_a_new_store_is_not_made_on_another_stores_blob_folder(
+            self, pg_url: str, pg_databases: Any, tmp_path: Path) -> None:
+        _open(pg_url, tmp_path / "b").close()
+        other = pg_databases.create()
+        with pytest.raises(StorageError) as info:
+            _open(other, tmp_path / "b")
+        assert info.value.reason == "store_corrupt"
+        assert _tables(other) == [], "the schema was created before the refusal"
+
+    def test_an_unmounted_blob_folder_tells_one_story(self, cli: Cli, pg_url: str,
+                                                      tmp_path: Path, sample: Path) -> None:
+        """Reading a file blob, verify and gc all say: mount the shared folder."""
+        big = tmp_path / "big.log"
+        big.write_bytes(os.urandom(300_000))
+        good = _config(tmp_path, pg_url, tmp_path / "shared")
+        assert cli("intake", "--config", good, "--report", sample / "report.json",
+                   "--attach", f"diagnostics={big}").code == 0
+        (tmp_path / "empty").mkdir()
+        bad = _config(tmp_path, pg_url, tmp_path / "empty")
+        r = cli("cat", "--json", "--config", bad, "BUG-20", f"inputs/{big.name}")
+        assert r.json["error"]["reason"] == "store_unavailable"  # type: ignore[index]
+        assert "mounted" in r.json["error"]["message"]  # type: ignore[index]
+        for cmd in ("verify", "gc"):
+            r = cli(cmd, "--json", "--config", bad)
+            assert r.code != 0
+            assert "blob folder" in r.json["error"]["hint"], cmd  # type: ignore[index]
+            assert "store.sqlite3" not in r.json["error"]["hint"]  # type: ignore[index]
+
+    def test_an_export_into_the_blob_folder_is_refused(self, cli: Cli, pg_url: str,
+                                                       tmp_path: Path, sample: Path) -> None:
+        cfg = _config(tmp_path, pg_url, tmp_path / "shared")
+        assert cli("intake", "--config", cfg, "--report", sample / "report.json").code == 0
+        r = cli("export", "--json", "--config", cfg, "BUG-20", tmp_path / "shared" / "x.zip")
+        assert r.json["error"]["reason"] == "destination_in_store"  # type: ignore[index]
+
+    @pytest.mark.no_store
+    @pytest.mark.parametrize("lease_s", [0.01, 0.5, 86401, 1e9])
+    def test_a_lease_out_of_bounds_is_refused(self, tmp_path: Path, lease_s: float) -> None:
+        from engine import Config
+
+        path = tmp_path / "c.toml"
+        path.write_text(f"[store]\nlease_s = {lease_s}\n")
+        with pytest.raises(ConfigError):
+            Config.load(path)

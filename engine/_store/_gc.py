@@ -37,7 +37,7 @@ def collect_garbage(store: Store, *, min_age_s: float = 600.0) -> GcReport:
     if problems:
         raise StorageError(f"{store.location}: {'; '.join(problems)}; nothing was removed",
                            reason="store_corrupt",
-                           hint="Restore store.sqlite3 from a backup before running gc.")
+                           hint=f"{store.repair_hint} before running gc.")
     cutoff = time.time() - min_age_s
     removed = removed_bytes = tmp_removed = young = 0
     with store.exclusive() as held:

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote
 
 from .._errors import NotAStore, NotFound, StorageError, VianoError
 from ._blobs import fsync_dir
@@ -37,23 +38,43 @@ _URL_HINT = ("Use postgresql://user@host:5432/db or postgresql://user@/db?host=/
              "better, leave the password out and use PGPASSWORD or ~/.pgpass.")
 
 
+_QUOTED = re.compile(r"\"[^\"]*\"|'[^']*'")
+_SCHEME_LIKE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/")
+_CONNINFO_LIKE = re.compile(r"(?:^|\s)(?:host|hostaddr|dbname|user|password|port|service)\s*=")
+
+
 def is_postgres_url(location: str) -> bool:
-    return location.startswith(SCHEMES)
+    return location[:14].lower().startswith(SCHEMES)
+
+
+def looks_like_a_url(location: str) -> bool:
+    """A location that is meant as a database, not a folder: any ``scheme:/…`` (a
+    misspelt ``postgresl://``, ``postgresql+psycopg://``, ``postgresql:/db``) or a libpq
+    ``key=value`` string. Never taken as a folder name (it would become a SQLite store)."""
+    return bool(_SCHEME_LIKE.match(location) or _CONNINFO_LIKE.search(location))
 
 
 def display_url(url: str) -> str:
     """The URL without its password (in the userinfo, or a ``password=`` or
-    ``sslpassword=`` parameter)."""
-    try:
-        parts = urlsplit(url)
-        host = parts.netloc.rpartition("@")[2]
-        user = parts.username or ""
-        netloc = f"{user}@{host}" if "@" in parts.netloc else host
-        query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
-                           if k.lower() not in _SECRET_PARAMS])
-        return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
-    except ValueError:
+    ``sslpassword=`` parameter). The user part is taken up to the first ``@`` and shown
+    only as the user's name; query parameters are kept as written, except the secret
+    ones."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
         return "postgresql://(unparseable URL)"
+    user = None
+    head, q, query_part = rest.partition("?")
+    if "@" in head:  # the user part ends at the last '@' before the parameters
+        userinfo, _, head = head.rpartition("@")
+        rest = head + q + query_part
+        user = userinfo.split(":", 1)[0]
+        if any(c in user for c in "/?#&="):  # not a user name: a misread URL
+            user = "…"
+    where, _, query = rest.partition("?")
+    kept = [p for p in query.split("&")
+            if p and unquote(p.split("=", 1)[0]).strip().lower() not in _SECRET_PARAMS]
+    shown = f"{scheme.lower()}://" + (f"{user}@" if user is not None else "") + where
+    return shown + ("?" + "&".join(kept) if kept else "")
 
 
 def display_location(location: str) -> str:
@@ -81,25 +102,31 @@ def conninfo(psycopg: Any, url: str, write: bool) -> str:
     cannot carry the password."""
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-    try:
-        netloc = urlsplit(url).netloc if "://" in url else ""
-    except ValueError:
-        raise NotAStore(f"--store {display_url(url)} is not a valid PostgreSQL URL",
-                        hint=_URL_HINT) from None
-    if netloc.count("@") > 1:
-        raise NotAStore(f"--store {display_url(url)}: the user or password holds a raw '@'",
-                        hint=_URL_HINT)
+    shown = display_url(url)
+    rest = url.partition("://")[2]
+    head = rest.split("?", 1)[0]  # before the parameters
+    if head.count("@") > 1 or ("@" in head and any(c in head.rsplit("@", 1)[0]
+                                                    for c in "/#")):
+        raise NotAStore(f"the store location {shown}: the user or password holds a raw "
+                        "'@', '/', '?' or '#'", hint=_URL_HINT)
+    url = url[:len(url) - len(rest) - 3].lower() + "://" + rest  # the scheme, any case
     try:
         params = conninfo_to_dict(url)
     except psycopg.ProgrammingError:
-        raise NotAStore(f"--store {display_url(url)} is not a valid PostgreSQL URL",
+        raise NotAStore(f"the store location {shown} is not a valid PostgreSQL URL",
                         hint=_URL_HINT) from None  # libpq's message may quote the password
+    if not params.get("dbname"):
+        raise NotAStore(f"the store location {shown} names no database",
+                        hint="Name a database of Viano's own: postgresql://user@host/viano "
+                             "(never the server's maintenance database).")
     extra: dict[str, Any] = {"application_name": params.get("application_name") or "viano"}
     if "connect_timeout" not in params:
         extra["connect_timeout"] = 10
     options = str(params.get("options") or "") + \
         r" -c default_transaction_isolation=read\ committed"
-    if not write:
+    if not write and "target_session_attrs" not in params:
+        # The server refuses writes too (Viano refuses them first); a URL that asks for a
+        # read-write session (target_session_attrs) would then find none.
         options += " -c default_transaction_read_only=on"
     extra["options"] = options.strip()
     return str(make_conninfo(url, **extra))
@@ -113,18 +140,32 @@ def _has_schema(conn: Any) -> bool:
                              ).fetchone()[0])
 
 
-def open_schema(conn: Any, shown: str, *, write: bool, create: bool) -> dict[str, str]:
-    """The store's ``viano_meta``, creating the schema if asked and absent."""
+def _foreign_tables(conn: Any) -> list[str]:
+    return [r[0] for r in conn.execute(
+        "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
+        "AND tablename <> ALL(%s) ORDER BY 1 LIMIT 3", (list(TABLES),))]
+
+
+def open_schema(conn: Any, shown: str, *, write: bool, create: bool,
+                blob_root: Path | None = None) -> dict[str, str]:
+    """The store's ``viano_meta``, creating the schema if asked and absent (never in a
+    database holding other tables, nor with a blob root that is another store's)."""
     if not _has_schema(conn):
+        foreign = _foreign_tables(conn)
+        if foreign:
+            raise NotAStore(f"{shown} holds tables that are not a Viano store's "
+                            f"({', '.join(foreign)})", hint="Give Viano a database of its own.")
         if not (write and create):
             raise NotFound(f"no store at {shown}", reason="no_store",
                            hint="Create one with 'viano intake --store URL'.")
+        if blob_root is not None and _read(blob_root / ID_NAME) is not None:
+            raise StorageError(f"the blob root {blob_root} belongs to another store; a new "
+                               "store needs a blob folder of its own", reason="store_corrupt",
+                               hint="Point [store] blob_root at a new, empty folder.")
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (CREATE_LOCK,))
             if not _has_schema(conn):
-                foreign = [r[0] for r in conn.execute(
-                    "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
-                    "AND tablename <> ALL(%s) ORDER BY 1 LIMIT 3", (list(TABLES),))]
+                foreign = _foreign_tables(conn)
                 if foreign:
                     raise NotAStore(f"{shown} holds tables that are not a Viano store's "
                                     f"({', '.join(foreign)})",
@@ -245,11 +286,20 @@ def translate(shown: str, doing: str) -> Iterator[None]:
         raise driver_error(exc, shown, doing) from exc
 
 
-def driver_error(exc: Exception, shown: str, doing: str) -> StorageError:
+def driver_error(exc: Exception, shown: str, doing: str) -> VianoError:
     import psycopg
     import psycopg_pool
 
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if doing.startswith("connect") and re.search(r'database "[^"]*" does not exist', str(exc)):
+        return NotFound(f"no store at {shown}: the database does not exist", reason="no_store",
+                        hint="Check the database's name in the URL, or create it (CREATE "
+                             "DATABASE …) and take cases in with 'viano intake'.")
+    if isinstance(exc, psycopg.ProgrammingError) and doing.startswith("connect"):
+        # A connection option libpq refuses; the value it quotes may be a password.
+        return NotAStore(f"the store location {shown} has an option PostgreSQL refuses: "
+                         f"{re.sub(_QUOTED, '…', first)}",
+                         hint=_URL_HINT)
     if isinstance(exc, (psycopg.errors.InsufficientPrivilege,
                         psycopg.errors.ReadOnlySqlTransaction)):
         return StorageError(f"could not {doing} at {shown}: {first}", reason="store_read_only",

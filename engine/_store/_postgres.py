@@ -82,6 +82,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("viano.store")
 
+
+class _QuietPool(logging.Filter):
+    """psycopg_pool warns about every broken connection it drops; the store reports the
+    failure itself (store_unavailable, with a hint), so those lines are noise to a user."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "discarding closed connection" not in record.getMessage()
+
+
+logging.getLogger("psycopg.pool").addFilter(_QuietPool())
+
 POOL_SIZE = 8
 LEASE_S = 30.0
 WRITE_LOCK = 0x5649414E4F01  # pg_advisory_xact_lock key: every commit and gc take it
@@ -92,6 +103,8 @@ class PostgresStore:
 
     kind = "postgresql"
     leases_block = True  # a round trip to the database
+    repair_hint = ("Mount the store's own shared blob folder at [store] blob_root, or "
+                   "restore the database from a backup")
 
     def __init__(self, url: str, blob_root: Path, *, writable: bool, meta: dict[str, str],
                  inline_threshold: int, lease_s: float):
@@ -103,6 +116,9 @@ class PostgresStore:
         self._blob_files = BlobFiles(blob_root)
         self._writable = writable
         self.meta = meta
+        # Read-only, an unmounted blob root still lets the index be read; its file blobs
+        # then say why they cannot be (not "missing": they are elsewhere).
+        self._root_problem = blob_root_problem(blob_root, meta)
         self.inline_threshold = inline_threshold
         self.version = CURRENT_VERSION
         self._gate = Gate(self._display)
@@ -155,7 +171,7 @@ class PostgresStore:
             conn = psycopg.connect(conninfo(psycopg, url, write), autocommit=True)
         try:
             with translate(shown, "open the store"):
-                meta = open_schema(conn, shown, write=write, create=create)
+                meta = open_schema(conn, shown, write=write, create=create, blob_root=root)
                 meta = claim_blob_root(conn, root, meta, write=write)
         finally:
             conn.close()
@@ -573,6 +589,8 @@ class PostgresStore:
         data = self._inline(sha256)
         if data is not None:
             return verified_stream(io.BytesIO(data), sha256)
+        if self._root_problem is not None:
+            raise self._root_problem
         return verified_stream(self._blob_files.open_regular(sha256), sha256)
 
 

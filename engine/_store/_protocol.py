@@ -79,6 +79,8 @@ class Store(Protocol):
     def blob_files(self) -> BlobStorage: ...
     # Whether taking or giving back a lease waits on the network (run it on a thread).
     leases_block: bool
+    # What to do when index_problems() names something (verify's and gc's hint).
+    repair_hint: str
 
     # -- writing (the publisher's worker thread; read-only stores refuse) -------------
     def commit_batch(self, requests: Sequence[Request]) -> list[Outcome]: ...

@@ -91,6 +91,7 @@ class SqliteStore:
 
     kind = "sqlite"
     leases_block = False  # flock on a local file
+    repair_hint = "Restore store.sqlite3 (or the store-id file) from a backup"
 
     def __init__(self, root: Path, *, writable: bool, version: int,
                  inline_threshold: int = INLINE_THRESHOLD, immutable: bool = False):

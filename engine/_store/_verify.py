@@ -91,8 +91,8 @@ def _verify(store: Store, case_ids: Iterable[str] | None,
     problems = store.index_problems()
     if problems:
         raise StorageError(f"{store.location}: {'; '.join(problems)}", reason="store_corrupt",
-                           hint="Restore store.sqlite3 from a backup; verify and gc refuse to "
-                                "judge blobs by an empty index.")
+                           hint=f"{store.repair_hint}; verify and gc refuse to judge blobs "
+                                "by an index that does not fit them.")
     refs = {r.package_id: r for r in store.list_cases()}
     wanted = set(case_ids) if case_ids is not None else None
     violations: list[Violation] = []

@@ -227,6 +227,7 @@ async def _daemon(args: argparse.Namespace, out: Output, config: Config) -> None
     ``--json``: one summary document when it stops)."""
     counts: Counter[str] = Counter()
     final: dict[str, Any] = {}
+    in_flight = 0
     async with _stoppable() as (_stop, work):
         engine: Engine | None = None
         with work:
@@ -239,6 +240,7 @@ async def _daemon(args: argparse.Namespace, out: Output, config: Config) -> None
                         nursery.start_soon(_report_results, engine, out, counts)
                         await engine.serve(poll_s=args.poll_s)
                 finally:  # the store's counts as the daemon stops, while it is open
+                    in_flight = engine.in_flight  # the actors the close is about to cancel
                     with trio.CancelScope(shield=True):
                         final = await _case_counts(engine)
         if engine is None:
@@ -248,14 +250,15 @@ async def _daemon(args: argparse.Namespace, out: Output, config: Config) -> None
                 counts[engine.results.receive_nowait().result.status] += 1
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 break
-        in_flight = engine.in_flight
-        log_event(_providers_event(engine) | final)
+        log_event(_providers_event(engine) | final | {"in_flight": in_flight})
         out.note(f"viano daemon stopped: {in_flight} case(s) were in flight; their "
                  "committed state is kept")
         if out.as_json:
+            stats = {k: v for k, v in _providers_event(engine).items()
+                     if k not in ("event", "in_flight")}
             out.document({"summary": {"results_by_status": dict(sorted(counts.items())),
-                                      "interrupted_in_flight": in_flight,
-                                      **_providers_event(engine), **final}})
+                                      "interrupted_in_flight": in_flight, **stats,
+                                      **final}})
 
 
 PROVIDERS_EVERY_S = 30.0  # how often a daemon logs its providers' statistics

@@ -24,8 +24,13 @@ def store_shown(args: argparse.Namespace, config: Config) -> str:
     return display_location(store_location(args, config))
 
 
-def store_path(args: argparse.Namespace, config: Config) -> Path:
-    return Path(store_location(args, config))
+def store_path(args: argparse.Namespace, config: Config) -> Path | None:
+    """The store's own folder on this host (an export must not go inside it): the folder
+    itself, or a PostgreSQL store's blob root."""
+    location = store_location(args, config)
+    if location[:14].lower().startswith(("postgresql://", "postgres://")):
+        return Path(config.store.blob_root) if config.store.blob_root else None
+    return Path(location)
 
 
 @contextmanager

@@ -62,6 +62,7 @@ from ._store_handle import StoreHandle
 
 _ORDER = {1: 0, 13: 1, 12: 2, 2: 3, 10: 4, 11: 5, 0: 6}  # CONTRACT: 1 > 13 > 12 > 2 > 10 > 11 > 0
 RESULTS_BUFFER = 10_000  # results of submitted cases nobody has read yet (then: dropped)
+FAILURE_MAX_WAIT_S = 300.0  # the longest a failing case is held back between tries
 log = logging.getLogger("viano.engine")
 
 
@@ -122,6 +123,7 @@ class Engine(Passes):
         self._not_before: dict[str, float] = {}  # trio time before which a case that was
         self.locked_retry_s = 0.2                 # DEFERRED (held elsewhere) is not offered
         self.failure_retry_s = 5.0                # again; or that failed, or stays due
+        self._failures: dict[str, int] = {}       # failures in a row, by case (backoff)
         self.services = PhaseServices(store, gateway, clock, self._event)
 
     @property
@@ -261,10 +263,19 @@ class Engine(Passes):
         failure of the case (a store hiccup, an unknown id, a bug)."""
         r = result.result
         now = trio.current_time()
+        case = result.case_id
         if r.status == DEFERRED:
-            self._not_before[result.case_id] = now + self.locked_retry_s
-        elif r.reason in ("internal_error", "store_unavailable", "unknown_case"):
-            self._not_before[result.case_id] = now + self.failure_retry_s
+            self._not_before[case] = now + self.locked_retry_s
+        elif r.status == ERROR or r.reason in ("internal_error", "store_unavailable",
+                                               "unknown_case"):
+            # Any failure: an ERROR whose status could not be settled durably (a damaged
+            # row, a refused value, a store outage) stays due, and offering it again at
+            # once would spin. Each repeat waits twice as long, up to FAILURE_MAX_WAIT_S.
+            n = self._failures[case] = self._failures.get(case, 0) + 1
+            self._not_before[case] = now + min(self.failure_retry_s * 2 ** min(n - 1, 16),
+                                               FAILURE_MAX_WAIT_S)
+        else:
+            self._failures.pop(case, None)
 
     async def wait_for_slot(self) -> None:
         """Until a case actor finishes (a slot frees up)."""

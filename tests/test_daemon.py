@@ -116,6 +116,35 @@ class TestServe:
             assert failures["left"] == 0
             nursery.cancel_scope.cancel()
 
+    async def test_a_case_that_keeps_failing_is_offered_less_and_less(
+            self, tmp_path: Path, clock: trio.abc.Clock) -> None:
+        """A case whose failure cannot even be recorded (its manifest damaged) stays due:
+        the loop offers it again after 5 s, then 10, 20 … (at most 300), never at once
+        (that spun thousands of times a second); a healthy case beside it completes."""
+        async def damage(engine: Engine) -> None:
+            await intake_many(engine, tmp_path, ["BAD-1", "OK-1"])
+            real = engine.store.store.head
+
+            def head(case_id: str) -> Any:
+                if case_id == "BAD-1":
+                    raise StorageError("generation 1 of BAD-1 is damaged (simulated)",
+                                       reason="store_corrupt")
+                return real(case_id)
+
+            engine.store.store.head = head  # type: ignore[method-assign]
+
+        async with trio.open_nursery() as nursery:
+            server = await _server(nursery)
+            engine = await _serving(nursery, tmp_path, server, damage, poll_s=60)
+            seen: dict[str, list[str]] = {"BAD-1": [], "OK-1": []}
+            with trio.move_on_after(320):  # tries at 0, 5, 15, 35, 75, 155, 315 s
+                async for r in engine.results:
+                    seen[r.case_id].append(f"{r.result.status} {r.result.reason}")
+            nursery.cancel_scope.cancel()
+        assert seen["OK-1"] == ["COMPLETED completed"]
+        assert 4 <= len(seen["BAD-1"]) <= 9, seen["BAD-1"]
+        assert all(x.startswith("ERROR") for x in seen["BAD-1"])
+
     async def test_a_damaged_store_still_ends_the_loop(self, tmp_path: Path,
                                                        clock: trio.abc.Clock) -> None:
         async with open_engine(store=tmp_path / "s", config=batch_config([]), environ=ENV,

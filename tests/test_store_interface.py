@@ -4,6 +4,7 @@ generation that causes it and indexed by due time, and batch planning as a pure 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -214,3 +215,62 @@ class TestValuesNoBackendHolds:
             assert store.list_cases() == []
         finally:
             store.close()
+
+
+class TestSecondReview:
+    def test_a_damaged_status_row_still_lists_and_verify_names_it(self, tmp_path: Path
+                                                                  ) -> None:
+        """A status row no writer could have written (a control character in its reason)
+        never makes every read of the index refuse: the case lists, the others are due
+        as before, and verify names the row."""
+        from engine import verify_store
+        from tests.store_helpers import sql
+
+        store = open_rw(tmp_path / "s")
+        store.commit_batch([create("R-1"), create("R-2")])
+        store.close()
+        sql(tmp_path / "s", "UPDATE refs SET reason = ? WHERE case_id = 'R-1'", "imported\nx")
+        check = open_ro(tmp_path / "s")
+        try:
+            assert [c.case_id for c in check.list_cases()] == ["R-1", "R-2"]
+            report = verify_store(check)
+            assert not report.ok
+            assert [v.case_id for v in report.violations] == ["R-1"]
+            assert "status row is damaged" in report.violations[0].what
+        finally:
+            check.close()
+
+    def test_committing_alone_after_a_refused_value_never_loses_an_outcome(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The one-by-one pass after a refused value: a request whose lone commit fails
+        for another reason gets that error as its outcome; the requests committed before
+        it keep theirs (nothing raised, nothing reported unwritten that was written)."""
+        store = open_rw(tmp_path / "s")
+        try:
+            a, b, c = store.commit_batch([create("O-1"), create("O-2"), create("O-3")])
+            with attrs.validators.disabled():
+                huge = CaseStatus(status="READY", phase="INTAKE", round=2**70)
+            reqs = [PublishRequest(x.package_id, x.case_id, 1, Change(
+                files={"notes/n": BytesSource.of(x.case_id.encode())}), status)
+                for x, status in ((a, None), (b, huge), (c, None))]
+            real = store._commit
+
+            def flaky(batch: list[Any]) -> list[Any]:
+                if len(batch) == 1 and batch[0].case_id == "O-3":
+                    raise StorageError("the disk went away (simulated)",
+                                       reason="store_unavailable")
+                return real(batch)
+
+            monkeypatch.setattr(store, "_commit", flaky)
+            out = store.commit_batch(reqs)
+            assert isinstance(out[0], Published) and out[0].generation == 2
+            assert isinstance(out[1], ChangeRejected)
+            assert isinstance(out[2], StorageError) and out[2].reason == "store_unavailable"
+            assert store.case("O-1").generation == 2 and store.case("O-3").generation == 1
+        finally:
+            store.close()
+
+    @pytest.mark.no_store
+    def test_a_status_word_with_a_lone_surrogate_is_refused(self) -> None:
+        with pytest.raises(ChangeRejected):
+            CaseStatus(status="READY", phase="INTAKE", attempt_id="a\udc80")

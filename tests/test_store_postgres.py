@@ -58,6 +58,9 @@ def _exec(url: str, stmt: str, *params: object) -> list[tuple[Any, ...]]:
         return [tuple(r) for r in cur.fetchall()] if cur.description else []
 
 
+_FIXTURE = '[[providers]]\nname = "f"\nkind = "fixture"\npath = "answers"\n'
+
+
 def _config(tmp: Path, url: str, blob_root: Path, *, lease_s: float = 30,
             extra: str = "") -> Path:
     path = tmp / f"viano-{os.urandom(3).hex()}.toml"
@@ -561,6 +564,16 @@ class TestWhatANewUserTypes:
         for part in ("S3c", "Pw_xyz", "ret"):
             assert part not in r.stdout + r.stderr, (password, r.stdout, r.stderr)
 
+    def test_a_password_with_a_question_mark_is_never_printed(self, tmp_path: Path) -> None:
+        """libpq reads 'Hunter?2secret' as the password (the URL is valid); no message
+        shows it when the server cannot be reached."""
+        url = "postgresql://postgres:Hunter?2secret@/db?host=/tmp/nowhere&connect_timeout=2"
+        for args in (["status"], ["show", "X-1"], ["daemon"]):
+            r = run_viano(*args, "--store", url, "--config",
+                          _config(tmp_path, "x", tmp_path / "b", extra=_FIXTURE))
+            assert r.returncode != 0 and "2secret" not in r.stdout + r.stderr, (args, r)
+            assert "postgres@/db" in r.stdout + r.stderr
+
     @pytest.mark.parametrize("location", [
         "postgresl://postgres@/v1?host=/tmp", "PostgreSQL+psycopg://u@h/db", "postgresql:/v1",
         "mysql://u@h/db", "host=/tmp dbname=vpw user=probe password=S3cretPw_xyz"])
@@ -656,3 +669,42 @@ class TestWhatANewUserTypes:
         path.write_text(f"[store]\nlease_s = {lease_s}\n")
         with pytest.raises(ConfigError):
             Config.load(path)
+
+
+class TestSecondReview:
+    def test_a_worker_that_stalled_past_its_lease_takes_no_further_step(
+            self, pg_url: str, tmp_path: Path) -> None:
+        """A stalled worker whose renewals were late: before its next step the lease is
+        asserted again (not trusted), and the case another worker took is refused to it,
+        even though no renewal has noticed the loss yet."""
+        a, b = _open(pg_url, tmp_path / "b", lease_s=2), _open(pg_url, tmp_path / "b")
+        try:
+            a.commit_batch([create("ST-1")])
+            with a.lease("ST-1"):
+                assert a.head("ST-1")[0].case_id == "ST-1"  # fresh: no round trip
+                _exec(pg_url, "UPDATE viano_leases SET expires_at = now() - interval '1 s'")
+                with b.lease("ST-1"):
+                    a.leases._confirmed["ST-1"] -= 10  # as if it had stalled for 10 s
+                    assert not a.leases.is_lost("ST-1")  # no renewal has run
+                    with pytest.raises(StaleGeneration) as info:
+                        a.head("ST-1")
+                    assert info.value.reason == "lease_lost"
+        finally:
+            a.close()
+            b.close()
+
+    def test_the_blob_folder_is_not_adopted_when_blob_files_exist_elsewhere(
+            self, pg_url: str, tmp_path: Path) -> None:
+        """A store with blob files but no recorded blob-folder token (written before the
+        token, or the row lost): an empty folder is refused, never adopted."""
+        store = _open(pg_url, tmp_path / "real")
+        store.commit_batch([PublishRequest(new_package_id(), "F-1", None, Change(
+            files={"inputs/big.bin": BytesSource.of(os.urandom(300_000))}, phase="INTAKE"))])
+        store.close()
+        _exec(pg_url, "DELETE FROM viano_meta WHERE key = 'blob_root_id'")
+        (tmp_path / "empty").mkdir()
+        with pytest.raises(StorageError) as info:
+            _open(pg_url, tmp_path / "empty")
+        assert info.value.reason == "store_unavailable"
+        assert list((tmp_path / "empty").iterdir()) == []
+        _open(pg_url, tmp_path / "real").close()  # the real folder is taken up again

@@ -69,15 +69,17 @@ class BlobFiles:
     def write(self, source: BlobSource) -> None:
         """Put ``source`` in place durably, unless a file with exactly its bytes is there."""
         final = self.path_for(source.sha256)
-        if final.is_file() and _hash_file(final) == (source.sha256, source.size):
-            return
+        with _writing(self.root):  # re-reading a stored file is the store's, not the input's
+            if final.is_file() and _hash_file(final) == (source.sha256, source.size):
+                return
         with _writing(self.root):
             self.tmp.mkdir(parents=True, exist_ok=True)
             final.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.tmp / f"{source.sha256}.{os.getpid()}.{time.monotonic_ns()}.part"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # held until the rename: gc leaves it alone
+            with _writing(self.root):  # ENOLCK: an NFS mount without a lock daemon
+                fcntl.flock(fd, fcntl.LOCK_EX)  # held until the rename: gc leaves it alone
             with os.fdopen(fd, "wb", closefd=False) as dst:
                 self._copy(source, dst)
             with _writing(self.root):
@@ -86,7 +88,8 @@ class BlobFiles:
             tmp.unlink(missing_ok=True)
             raise
         finally:
-            os.close(fd)
+            with _writing(self.root):
+                os.close(fd)
         crash_point("blob.rename")
         with _writing(self.root):
             fsync_dir(final.parent)

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
+import attrs
+
 from .._errors import ChangeRejected, InputRejected, NotFound, StorageError, VianoError
 from ._blobs import input_changed
 from ._manifest import Manifest
@@ -169,28 +171,56 @@ def commit_each_alone(commit: Callable[[Sequence[Request]], list[Outcome]],
         log.warning("a batch of %d failed on a value the database refused (%s); "
                     "committing its requests one by one", len(requests), exc)
     out: list[Outcome] = []
-    for req in requests:
+    for req in requests:  # never raises now: an outcome per request, as committed or not
         try:
             out.extend(commit([req]))
+        except VianoError as exc:
+            out.append(_refused_value(req, exc) if value_error(exc) else exc)
         except Exception as exc:
-            if not value_error(exc):
-                raise
-            out.append(ChangeRejected(
-                f"case {req.case_id!r}: a value of this request cannot be stored "
-                f"({type(exc).__name__}: {exc}); nothing of it was written",
-                reason="invalid_change", hint="This is a bug in Viano; please report it."))
+            out.append(_refused_value(req, exc) if value_error(exc) else StorageError(
+                f"case {req.case_id!r}: committing it alone failed ({type(exc).__name__}); "
+                "nothing of it was written", reason="internal_error",
+                hint="This is a bug in Viano; please report it."))
     return out
+
+
+def _refused_value(req: Request, exc: BaseException) -> ChangeRejected:
+    return ChangeRejected(f"case {req.case_id!r}: a value of this request cannot be stored "
+                          f"({type(exc).__name__}: {exc}); nothing of it was written",
+                          reason="invalid_change",
+                          hint="This is a bug in Viano; please report it.")
 
 
 # -- rows --------------------------------------------------------------------------------
 
 
+def stored_status(**fields: Any) -> CaseStatus:
+    """A status as the index holds it, not checked: a damaged row must still list (verify
+    names it, see ``status_problem``), never make every read of the index refuse."""
+    status = object.__new__(CaseStatus)
+    for name, value in fields.items():
+        object.__setattr__(status, name, value)
+    return status
+
+
+def status_problem(status: CaseStatus) -> str | None:
+    """Why a status read from the index is not one any writer could have written."""
+    try:
+        attrs.validate(status)
+    except ChangeRejected as exc:
+        return exc.message
+    except (TypeError, ValueError) as exc:
+        return str(exc)
+    return None
+
+
 def ref_from_row(row: Sequence[Any]) -> CaseRef:
     status = None
     if len(row) > 6 and row[6] is not None:
-        status = CaseStatus(status=row[6], phase=row[7], reason=row[8], round=row[9],
-                            max_rounds=row[10], due_at=None if row[11] is None
-                            else float(row[11]), attempt_id=row[12], calls_started=row[13])
+        status = stored_status(status=row[6], phase=row[7], reason=row[8], round=row[9],
+                               max_rounds=row[10], due_at=None if row[11] is None
+                               else float(row[11]), attempt_id=row[12],
+                               calls_started=row[13])
     elif len(row) == 6:
         status = CaseStatus(status="READY", phase=row[3])  # a version-1 store: at intake
     return CaseRef(row[0], row[1], row[2], row[3], row[4], row[5], status)

@@ -94,6 +94,9 @@ class Leases:
         self._taken: set[str] = set()
         self._lost: set[str] = set()
         self._claimed: dict[str, float] = {}  # case -> monotonic time of the claim
+        self._confirmed: dict[str, float] = {}  # case -> when its row was last known ours
+        self._hold_no: dict[str, int] = {}  # case -> which hold of it this is (renewal)
+        self._holds = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.renewals = 0
@@ -108,8 +111,10 @@ class Leases:
         with self._lock:
             return case_id in self._lost
 
-    def claimed(self, case_ids: Collection[str]) -> None:
-        now = time.monotonic()
+    def claimed(self, case_ids: Collection[str], at: float | None = None) -> None:
+        """Note claims made at monotonic time ``at`` (taken before the claim's first
+        statement: the server set the expiry after it)."""
+        now = time.monotonic() if at is None else at
         with self._lock:
             for case in [c for c, t in self._claimed.items() if now - t > self.lease_s]:
                 del self._claimed[case]
@@ -128,15 +133,15 @@ class Leases:
             # it, by the server's clock, and renewal comes every lease_s / 3): no second
             # round trip to take it.
             fresh = claimed_at is not None and time.monotonic() - claimed_at < self.lease_s / 4
-            if not fresh:
-                with self.connect() as conn:
-                    row = conn.execute(TAKE, {"case": case_id, "me": self.holder,
-                                              "lease": self.lease_s}).fetchone()
-                if row is None:
-                    raise CaseLocked(f"case {case_id!r} is leased by another worker")
+            confirmed = claimed_at if fresh else time.monotonic()
+            if not fresh and not self._take(case_id):
+                raise CaseLocked(f"case {case_id!r} is leased by another worker")
             with self._lock:
                 self._taken.add(case_id)
                 self._lost.discard(case_id)
+                self._holds += 1
+                self._hold_no[case_id] = self._holds
+                self._confirmed[case_id] = confirmed if confirmed is not None else 0.0
             self._start()
             try:
                 yield
@@ -147,6 +152,35 @@ class Leases:
                 self._held.discard(case_id)
                 self._taken.discard(case_id)
                 self._lost.discard(case_id)
+                self._confirmed.pop(case_id, None)
+                self._hold_no.pop(case_id, None)
+
+    def _take(self, case_id: str) -> bool:
+        with self.connect() as conn:
+            return conn.execute(TAKE, {"case": case_id, "me": self.holder,
+                                       "lease": self.lease_s}).fetchone() is not None
+
+    def still_held(self, case_id: str) -> bool:
+        """Before a step: False if this handle holds ``case_id`` but has lost it. When the
+        row was last known ours more than lease_s / 2 ago (renewals are late: this process
+        stalled), it is asserted again (one round trip) rather than trusted."""
+        with self._lock:
+            if case_id in self._lost:
+                return False
+            if case_id not in self._taken:
+                return True  # not held here: nothing to fence
+            stale = time.monotonic() - self._confirmed.get(case_id, 0.0) > self.lease_s / 2
+        if not stale:
+            return True
+        if self._take(case_id):
+            with self._lock:
+                self._confirmed[case_id] = time.monotonic()
+            return True
+        with self._lock:
+            self._lost.add(case_id)
+        self.lost += 1
+        log.warning("lost the lease on case %r while this worker stalled", case_id)
+        return False
 
     def _release(self, case_id: str) -> None:
         with self._lock:
@@ -174,8 +208,10 @@ class Leases:
         process stalled past its expiry) is marked lost: counted, logged, fenced."""
         with self._lock:
             taken = sorted(self._taken)
+            holds = {c: self._hold_no.get(c) for c in taken}
         if not taken:
             return
+        started = time.monotonic()
         try:
             with self.connect() as conn:
                 kept = {r[0] for r in conn.execute(RENEW, {"lease": self.lease_s,
@@ -186,9 +222,13 @@ class Leases:
                         len(taken), type(exc).__name__, self.lease_s / 3)
             return
         self.renewals += 1
-        with self._lock:  # still taken now: not released while the statement ran
-            lost = [c for c in taken if c not in kept and c in self._taken]
+        with self._lock:  # the same hold still taken: not released (nor held anew) meanwhile
+            lost = [c for c in taken if c not in kept and c in self._taken
+                    and self._hold_no.get(c) == holds[c]]
             self._lost.update(lost)
+            for c in kept:
+                if c in self._confirmed and self._hold_no.get(c) == holds.get(c):
+                    self._confirmed[c] = started
         if lost:
             self.lost += len(lost)
             log.warning("lost the lease on %d case(s) (%s): their next steps and commits "

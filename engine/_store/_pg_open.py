@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote
 
 from .._errors import NotAStore, NotFound, StorageError, VianoError
 from ._blobs import fsync_dir
@@ -55,26 +55,44 @@ def looks_like_a_url(location: str) -> bool:
 
 
 def display_url(url: str) -> str:
-    """The URL without its password (in the userinfo, or a ``password=`` or
-    ``sslpassword=`` parameter). The user part is taken up to the first ``@`` and shown
-    only as the user's name; query parameters are kept as written, except the secret
-    ones."""
+    """The URL as it may be printed: what libpq itself reads from it (user, hosts, ports,
+    database, parameters), without any password (the userinfo's, ``password=``,
+    ``sslpassword=``). A URL libpq cannot read (or without the driver) is shown only
+    from its last ``@`` on, so no part of a password can survive whatever characters
+    it holds."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return "postgresql://(unparseable URL)"
-    user = None
-    head, q, query_part = rest.partition("?")
-    if "@" in head:  # the user part ends at the last '@' before the parameters
-        userinfo, _, head = head.rpartition("@")
-        rest = head + q + query_part
-        user = userinfo.split(":", 1)[0]
-        if any(c in user for c in "/?#&="):  # not a user name: a misread URL
-            user = "…"
-    where, _, query = rest.partition("?")
-    kept = [p for p in query.split("&")
-            if p and unquote(p.split("=", 1)[0]).strip().lower() not in _SECRET_PARAMS]
-    shown = f"{scheme.lower()}://" + (f"{user}@" if user is not None else "") + where
-    return shown + ("?" + "&".join(kept) if kept else "")
+    redacted = f"{scheme.lower()}://…@{rest.rpartition('@')[2]}" if "@" in rest else \
+        f"{scheme.lower()}://{rest}"
+    head = rest.split("?", 1)[0]
+    if head.count("@") > 1 or ("@" in head and any(c in head.rsplit("@", 1)[0]
+                                                    for c in "/#")):
+        return redacted  # libpq would misread the user part: show none of it
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        params = conninfo_to_dict(scheme.lower() + "://" + rest)
+    except Exception:  # not readable by libpq, or no driver
+        return redacted
+    user = params.pop("user", None)
+    hosts = str(params.pop("host", "") or "")
+    ports = str(params.pop("port", "") or "")
+    dbname = params.pop("dbname", None)
+    netloc = ""
+    if hosts and not hosts.startswith("/"):
+        port_list = ports.split(",") if ports else []
+        netloc = ",".join(h + (f":{port_list[i]}" if i < len(port_list) and port_list[i]
+                                 else "") for i, h in enumerate(hosts.split(",")))
+        ports = ""
+    elif hosts:
+        params["host"] = hosts
+    if ports:
+        params["port"] = ports
+    query = "&".join(f"{k}={quote(str(v), safe='/,:')}" for k, v in params.items()
+                     if k.lower() not in _SECRET_PARAMS)
+    return (f"{scheme.lower()}://" + (f"{quote(str(user), safe='')}@" if user else "") +
+            netloc + "/" + quote(str(dbname or ""), safe="") + (f"?{query}" if query else ""))
 
 
 def display_location(location: str) -> str:
@@ -245,6 +263,13 @@ def claim_blob_root(conn: Any, root: Path, meta: dict[str, str], *, write: bool
         raise problem  # read-only, an unmounted root still lets the index be read
     if not write or "blob_root_id" in meta:
         return meta
+    has_files = bool(conn.execute("SELECT EXISTS (SELECT 1 FROM viano_blobs WHERE data IS "
+                                  "NULL)").fetchone()[0])
+    if has_files and _read(root / ID_NAME) is None:
+        raise StorageError(f"the store has blob files, and the blob root {root} is not "
+                           "where they are (no store-id): is the shared folder mounted here?",
+                           reason="store_unavailable",
+                           hint="Mount the store's shared blob folder at [store] blob_root.")
     try:
         if _read(root / ID_NAME) is None and (root / "blobs").exists():
             raise StorageError(f"the blob root {root} holds blobs but no store-id: it cannot "

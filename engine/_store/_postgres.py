@@ -25,6 +25,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
@@ -239,8 +240,9 @@ class PostgresStore:
         return commit_each_alone(self._commit, requests, self._value_error)
 
     def _value_error(self, exc: BaseException) -> bool:
-        return isinstance(exc, StorageError) and isinstance(
-            exc.__cause__, (self._psycopg.DataError, self._psycopg.IntegrityError))
+        cause = exc.__cause__ if isinstance(exc, StorageError) else exc
+        return isinstance(cause, (self._psycopg.DataError, self._psycopg.IntegrityError,
+                                  UnicodeEncodeError, OverflowError))
 
     def _commit(self, requests: Sequence[Request]) -> list[Outcome]:
         refused: list[VianoError | None] = [None] * len(requests)
@@ -397,6 +399,17 @@ class PostgresStore:
         sql = CLAIM.format(where=where, columns=REF_COLUMNS)
         refs: list[CaseRef] = []
         left_out = set(skip)
+        started = time.monotonic()  # before the server set any expiry
+        try:
+            self._claim(sql, now, limit, refs, left_out)
+        except BaseException:
+            self._give_back([r.case_id for r in refs])  # what earlier attempts claimed
+            raise
+        self.leases.claimed([r.case_id for r in refs], at=started)
+        return refs
+
+    def _claim(self, sql: str, now: float, limit: int, refs: list[CaseRef],
+               left_out: set[str]) -> None:
         with self._gate.use(), translate(self._display, "claim due cases"), \
                 self._connection() as conn:
             for _attempt in range(CLAIM_ATTEMPTS):
@@ -410,8 +423,17 @@ class PostgresStore:
                 considered = rows[0][0] if rows else 0
                 if len(got) == considered or len(refs) >= limit:
                     break  # nothing was lost to another worker's claim meanwhile
-        self.leases.claimed([r.case_id for r in refs])
-        return refs
+
+    def _give_back(self, case_ids: list[str]) -> None:
+        if not case_ids:
+            return
+        try:
+            with self._pool.connection() as conn:
+                conn.execute("DELETE FROM viano_leases WHERE holder = %s AND case_id = "
+                             "ANY(%s)", (self.leases.holder, case_ids))
+        except Exception as exc:  # they expire by themselves
+            log.warning("could not give back %d claim(s) (%s)", len(case_ids),
+                        type(exc).__name__)
 
     @contextmanager
     def exclusive(self) -> Iterator[_Exclusive]:
@@ -496,7 +518,7 @@ class PostgresStore:
         pair to agree: the row (generation and status) is read in one statement, and a
         generation's manifest never changes once written (one round trip when the
         manifest is cached, as a case actor's head mostly is)."""
-        if self.leases.is_lost(case_id):
+        if not self.leases.still_held(case_id):
             raise StaleGeneration(f"case {case_id!r}: this worker's lease was taken over "
                                   "while it stalled; it takes no further step",
                                   reason="lease_lost",

@@ -48,7 +48,8 @@ def _text(_inst: Any, attr: Any, value: str | None) -> None:
     if value is None and attr.name != "phase":
         return
     if type(value) is not str or not 0 < len(value) <= _MAX_TEXT or \
-            any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in value):
+            any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 or 0xD800 <= ord(c) < 0xE000
+                for c in value):
         raise ChangeRejected(f"status {attr.name} {value!r} is not a printable word of at "
                              f"most {_MAX_TEXT} characters")
 

@@ -708,8 +708,8 @@ def _connect(path: Path, *, writer: bool) -> sqlite3.Connection:
 def _value_error(exc: BaseException) -> bool:
     """A value SQLite cannot bind or store (an integer past 64 bits, a constraint)."""
     cause = exc.__cause__ if isinstance(exc, StorageError) else exc
-    return isinstance(cause, (OverflowError, sqlite3.IntegrityError, sqlite3.DataError,
-                              sqlite3.InterfaceError))
+    return isinstance(cause, (OverflowError, UnicodeEncodeError, sqlite3.IntegrityError,
+                              sqlite3.DataError, sqlite3.InterfaceError))
 
 
 def _reason(exc: sqlite3.Error) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 import attrs
 
 from .._errors import ChangeRejected, StorageError, VianoError
+from ._common import status_problem
 from ._manifest import Manifest, successor_violations
 from ._plan import GenerationRow
 from ._protocol import CaseRef, Store
@@ -96,6 +97,11 @@ def _verify(store: Store, case_ids: Iterable[str] | None,
     refs = {r.package_id: r for r in store.list_cases()}
     wanted = set(case_ids) if case_ids is not None else None
     violations: list[Violation] = []
+    for row in refs.values():
+        problem = None if row.status is None else status_problem(row.status)
+        if problem and (wanted is None or row.case_id in wanted):
+            violations.append(Violation(row.case_id, f"the index's status row is damaged: "
+                                                     f"{problem}"))
     if wanted is not None:
         known = {r.case_id for r in refs.values()}
         violations += [Violation(c, "no such case") for c in sorted(wanted - known)]

@@ -305,6 +305,37 @@ class TestBatch:
         assert unknown.returncode == 2 and "unknown_case" in unknown.stderr
 
 
+class TestHeldElsewhere:
+    async def test_a_case_held_by_another_process_is_reported_once_while_it_waits(
+            self, tmp_path: Path, slow_provider: Provider) -> None:
+        """viano batch tries a case another process holds again every 0.2 s until it is
+        released: it says DEFERRED once, not on every try, then the case's result."""
+        store = tmp_path / "s"
+        await _intake(store, tmp_path, ["H-1"])
+        holder = subprocess.Popen([PYTHON, "-c", (  # noqa: ASYNC220 - a child that holds
+            "import sys\nfrom engine import open_backend\n"
+            "store = open_backend(sys.argv[1], write=True)\n"
+            "with store.lease('H-1'):\n    print('locked', flush=True)\n"
+            "    sys.stdin.read()\n"), str(store)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True, env=child_env())
+        _CHILDREN.append(holder)
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        batch = _Process("batch", "H-1", "--store", store, "--log-json", "-",
+                         env=_env(_config(tmp_path, slow_provider.port)))
+        # Tried at least three times (each try is a result event), then released.
+        batch.until(lambda lines: sum('"event": "result"' in x and '"locked"' in x
+                                      for x in lines) >= 3, stream="err")
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+        assert holder.stdout is not None
+        holder.stdout.close()
+        rc, _err = batch.finish(timeout=60)
+        assert rc == 0, _err
+        lines = [x for x in batch.seen if x.startswith("H-1 ")]
+        assert [x.split()[1] for x in lines] == ["DEFERRED", "COMPLETED"], lines
+
+
 class TestInterrupts:
     async def test_ctrl_c_during_a_single_dispatch_under_json(
             self, tmp_path: Path, slow_provider: Provider) -> None:

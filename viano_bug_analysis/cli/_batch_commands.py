@@ -49,13 +49,15 @@ class _Tally:
         self.started = time.monotonic()
 
     def add(self, result: CaseResult) -> None:
-        first = result.case_id not in self.final
+        previous = self.final.get(result.case_id)
         self.final[result.case_id] = result
-        if first:
+        if previous is None:
             self.advance(1)
         counts = Counter(r.result.status for r in self.final.values())
         self.set_text(" ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-        if not self.out.as_json and not self.out.err.is_terminal:
+        repeat = previous is not None and (previous.result.status, previous.result.reason) == (
+            result.result.status, result.result.reason)  # a held case tried again: said
+        if not self.out.as_json and not self.out.err.is_terminal and not repeat:
             r = result.result
             self.out.line(f"{r.case_id} {r.status} {r.reason} (phase {r.phase}, generation "
                           f"{r.package_generation})")

@@ -8,36 +8,19 @@ import sys
 import time
 from pathlib import Path
 
-import attrs
 import trio
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench._common import BENCH_KEY  # noqa: E402
-from engine import (  # noqa: E402
-    Config,
-    GatewayConfig,
-    InterpretationPolicy,
-    ProviderConfig,
-    StoreConfig,
-)
+from bench.throughput import bench_config  # noqa: E402
+from engine import StoreConfig  # noqa: E402
 from viano_bug_analysis import open_engine  # noqa: E402
 
 
-def config(port: int, concurrency: int, url: str, blob_root: str) -> Config:
-    provider = ProviderConfig(name="loopback", kind="openai",
-                              base_url=f"http://127.0.0.1:{port}/v1", model="bench",
-                              api_key_env="VIANO_BENCH_KEY", retries=0, timeout_s=120,
-                              max_concurrency=concurrency)
-    return attrs.evolve(Config.defaults(), providers=(provider,),
-                        gateway=GatewayConfig(cooldown_after=1_000_000),
-                        interpretation=InterpretationPolicy(auto_confirm=True),
-                        store=StoreConfig(url=url, blob_root=blob_root))
-
-
 async def run(url: str, blob_root: str, port: int, concurrency: int) -> None:
-    cfg = config(port, concurrency, url, blob_root)
+    cfg = bench_config(port, concurrency, StoreConfig(url=url, blob_root=blob_root))
     async with open_engine(store=url, config=cfg, concurrency=concurrency,
                            environ={"VIANO_BENCH_KEY": BENCH_KEY}) as engine:
         print("ready", flush=True)

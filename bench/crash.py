@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 
 from bench._common import median, print_table, write_json  # noqa: E402
 from engine import open_backend  # noqa: E402
-from tests.batch_helpers import write_generic_answers  # noqa: E402
+from tests.batch_helpers import loopback_toml, write_generic_answers  # noqa: E402
 from tests.invariants import repeated_calls, store_violations  # noqa: E402
 
 VIANO = [sys.executable, "-c", "from viano_bug_analysis.cli import run; run()"]
@@ -96,21 +96,7 @@ class Provider:
 
 
 def write_config(path: Path, port: int) -> Path:
-    path.write_text(f"""[interpretation]
-auto_confirm = true
-
-[gateway]
-cooldown_after = 1000000
-
-[[providers]]
-name = "loopback"
-kind = "openai"
-base_url = "http://127.0.0.1:{port}/v1"
-model = "bench"
-retries = 0
-timeout_s = 60
-max_concurrency = 16
-""")
+    path.write_text(loopback_toml(port))
     return path
 
 

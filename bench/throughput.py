@@ -44,6 +44,7 @@ from engine import (  # noqa: E402
     IntakeLimits,
     InterpretationPolicy,
     ProviderConfig,
+    StoreConfig,
     prepare_intake,
 )
 from tests.batch_helpers import write_generic_answers  # noqa: E402
@@ -89,18 +90,20 @@ async def intake(store_root: Path, n: int, tmp: Path) -> None:
                 nursery.start_soon(one, i)
 
 
-def _config(port: int, concurrency: int) -> Config:
+def bench_config(port: int, concurrency: int, store: StoreConfig | None = None) -> Config:
+    """The loopback provider, auto-confirm, no cooldown; ``store`` for a PostgreSQL run."""
     provider = ProviderConfig(name="loopback", kind="openai",
                               base_url=f"http://127.0.0.1:{port}/v1", model="bench",
                               api_key_env="VIANO_BENCH_KEY", retries=0, timeout_s=120,
                               max_concurrency=concurrency)
     return attrs.evolve(Config.defaults(), providers=(provider,),
                         gateway=GatewayConfig(cooldown_after=1_000_000),
-                        interpretation=InterpretationPolicy(auto_confirm=True))
+                        interpretation=InterpretationPolicy(auto_confirm=True),
+                        store=store or StoreConfig())
 
 
 async def advance_all(store_root: Path, port: int, concurrency: int) -> dict[str, Any]:
-    config = _config(port, concurrency)
+    config = bench_config(port, concurrency)
     before = _rss_kib()
     peak = before
     done = trio.Event()

@@ -62,6 +62,27 @@ def write_generic_answers(folder: Path) -> Path:
     return folder
 
 
+def loopback_toml(port: int, *, path_prefix: str = "", model: str = "bench") -> str:
+    """A config file's text for the loopback provider in its own process: auto-confirm,
+    no cooldown, one provider at ``http://127.0.0.1:{port}{path_prefix}/v1`` (a prefix
+    per worker tells their calls apart in the provider's log)."""
+    return f"""[interpretation]
+auto_confirm = true
+
+[gateway]
+cooldown_after = 1000000
+
+[[providers]]
+name = "loopback"
+kind = "openai"
+base_url = "http://127.0.0.1:{port}{path_prefix}/v1"
+model = "{model}"
+retries = 0
+timeout_s = 60
+max_concurrency = 16
+"""
+
+
 def batch_config(providers: list[Any], *, auto_confirm: bool = True, max_rounds: int = 10,
                  base_delay_s: float = 30.0,
                  hypotheses: HypothesisPolicy | None = None) -> Config:

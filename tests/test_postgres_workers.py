@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from engine import open_backend
-from tests.batch_helpers import write_generic_answers
+from tests.batch_helpers import loopback_toml, write_generic_answers
 from tests.conftest import PYTHON, child_env, run_viano
 from tests.invariants import overlapping_calls, store_violations, worker_of
 from tests.loopback.process import start_provider
@@ -32,26 +32,9 @@ LEASE_S = 2.0
 
 def _config(tmp: Path, url: str, blob_root: Path, port: int, worker: int) -> Path:
     path = tmp / f"worker-{worker}.toml"
-    path.write_text(f"""[store]
-url = "{url}"
-blob_root = "{blob_root}"
-lease_s = {LEASE_S}
-
-[interpretation]
-auto_confirm = true
-
-[gateway]
-cooldown_after = 1000000
-
-[[providers]]
-name = "loopback"
-kind = "openai"
-base_url = "http://127.0.0.1:{port}/w{worker}/v1"
-model = "test"
-retries = 0
-timeout_s = 60
-max_concurrency = 16
-""")
+    path.write_text(f'[store]\nurl = "{url}"\nblob_root = "{blob_root}"\n'
+                    f"lease_s = {LEASE_S}\n\n" +
+                    loopback_toml(port, path_prefix=f"/w{worker}", model="test"))
     return path
 
 

@@ -20,9 +20,11 @@ from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import attrs
 
+from .._canonical import utc_now_iso
 from .._errors import ChangeRejected, InputRejected, NotFound, StorageError, VianoError
 from ._blobs import input_changed
 from ._manifest import Manifest
+from ._plan import Head, PlanInput
 from ._protocol import BlobStorage, CaseRef
 from ._requests import CaseStatus, ImportRequest, Outcome, PublishRequest, Request
 from ._sources import BlobSource, read_verified
@@ -189,6 +191,32 @@ def _refused_value(req: Request, exc: BaseException) -> ChangeRejected:
                           f"({type(exc).__name__}: {exc}); nothing of it was written",
                           reason="invalid_change",
                           hint="This is a bug in Viano; please report it.")
+
+
+def plan_input(requests: Sequence[Request], heads: dict[str, Head], owners: dict[str, str],
+               refused: list[VianoError | None], inline: dict[str, bytes],
+               inline_threshold: int, manifest: Callable[[str, int], Manifest],
+               history: Callable[[str], list[str]]) -> PlanInput:
+    """What batch planning needs beside the heads and owners a backend read: each head's
+    manifest (``manifest(package, generation)``; one that cannot be read refuses that
+    package's requests) and, for imports, the package's history (``history(package)``:
+    manifest hashes by generation)."""
+    parents: dict[str, Manifest] = {}
+    broken: dict[str, VianoError] = {}
+    for pkg, head in heads.items():
+        try:
+            parents[pkg] = manifest(pkg, head.generation)
+        except VianoError as exc:
+            broken[pkg] = exc
+    histories: dict[str, list[str]] = {}
+    for i, req in enumerate(requests):
+        if req.package_id in broken and refused[i] is None:
+            refused[i] = broken[req.package_id]
+        if isinstance(req, ImportRequest) and req.package_id not in histories:
+            histories[req.package_id] = history(req.package_id)
+    return PlanInput(requests=requests, heads=heads, owners=owners, parents=parents,
+                     histories=histories, refused=refused, inline=inline,
+                     inline_threshold=inline_threshold, now=utc_now_iso())
 
 
 # -- rows --------------------------------------------------------------------------------

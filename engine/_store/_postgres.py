@@ -32,7 +32,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from .._canonical import utc_now_iso
 from .._errors import (
     ConfigError,
     NotFound,
@@ -54,6 +53,7 @@ from ._common import (
     commit_each_alone,
     guarded,
     parse_stored_manifest,
+    plan_input,
     prepare_blobs,
     recheck_files,
     ref_from_row,
@@ -75,7 +75,7 @@ from ._pg_open import (
 from ._pg_schema import CURRENT_VERSION
 from ._plan import BatchRows, GenerationRow, Head, PlanInput, plan_batch
 from ._protocol import BlobInfo, CaseRef, StoreStats
-from ._requests import ImportRequest, Outcome, Request
+from ._requests import Outcome, Request
 
 if TYPE_CHECKING:
     import psycopg
@@ -303,31 +303,11 @@ class PostgresStore:
             if ref.package_id in pkgs:
                 heads[ref.package_id] = Head(ref.case_id, ref.generation, ref.status)
             owners[ref.case_id] = ref.package_id
-        parents: dict[str, Manifest] = {}
-        broken: dict[str, VianoError] = {}
-        missing = []
-        for pkg, head in heads.items():
-            cached = self._cache.get((pkg, head.generation))
-            if cached is not None:
-                parents[pkg] = cached
-            else:
-                missing.append((pkg, head.generation))
-        for pkg, gen in missing:
-            try:
-                parents[pkg] = self._manifest(conn, pkg, gen)
-            except VianoError as exc:
-                broken[pkg] = exc
-        histories: dict[str, list[str]] = {}
-        for i, req in enumerate(requests):
-            if req.package_id in broken and refused[i] is None:
-                refused[i] = broken[req.package_id]
-            if isinstance(req, ImportRequest) and req.package_id not in histories:
-                histories[req.package_id] = [r[0] for r in conn.execute(
-                    "SELECT manifest_sha256 FROM viano_generations WHERE package_id=%s "
-                    "ORDER BY generation", (req.package_id,))]
-        return PlanInput(requests=requests, heads=heads, owners=owners, parents=parents,
-                         histories=histories, refused=refused, inline=inline,
-                         inline_threshold=self.inline_threshold, now=utc_now_iso())
+        return plan_input(requests, heads, owners, refused, inline, self.inline_threshold,
+                          lambda pkg, gen: self._manifest(conn, pkg, gen),
+                          lambda pkg: [r[0] for r in conn.execute(
+                              "SELECT manifest_sha256 FROM viano_generations WHERE "
+                              "package_id=%s ORDER BY generation", (pkg,))])
 
     def _write(self, conn: Any, rows: BatchRows) -> None:
         with conn.cursor() as cur:

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import quote
 
-from .._canonical import utc_now_iso
 from .._errors import NotAStore, NotFound, StorageError, VianoError
 from .._ids import validate_case_id
 from ._blobs import BlobFiles, fsync_dir, verified_stream
@@ -51,6 +50,7 @@ from ._common import (
     commit_each_alone,
     guarded,
     parse_stored_manifest,
+    plan_input,
     prepare_blobs,
     recheck_files,
     ref_from_row,
@@ -62,7 +62,7 @@ from ._lock import flock_lease
 from ._manifest import Manifest
 from ._plan import BatchRows, GenerationRow, Head, PlanInput, plan_batch
 from ._protocol import BlobInfo, CaseRef, StoreStats
-from ._requests import ImportRequest, Outcome, Request
+from ._requests import Outcome, Request
 from ._sqlite_schema import CURRENT_VERSION, create_current, migrate, parse_version
 from ._wal import Checkpointer
 
@@ -242,24 +242,11 @@ class SqliteStore:
             for case, pkg in conn.execute(
                     f"SELECT case_id, package_id FROM refs WHERE case_id IN ({marks})", chunk):
                 owners[case] = pkg
-        parents: dict[str, Manifest] = {}
-        broken: dict[str, VianoError] = {}
-        for pkg, head in heads.items():
-            try:
-                parents[pkg] = self._manifest(conn, pkg, head.generation)
-            except VianoError as exc:
-                broken[pkg] = exc
-        histories: dict[str, list[str]] = {}
-        for i, req in enumerate(requests):
-            if req.package_id in broken and refused[i] is None:
-                refused[i] = broken[req.package_id]
-            if isinstance(req, ImportRequest) and req.package_id not in histories:
-                histories[req.package_id] = [r[0] for r in conn.execute(
-                    "SELECT manifest_sha256 FROM generations WHERE package_id=? "
-                    "ORDER BY generation", (req.package_id,))]
-        return PlanInput(requests=requests, heads=heads, owners=owners, parents=parents,
-                         histories=histories, refused=refused, inline=inline,
-                         inline_threshold=self.inline_threshold, now=utc_now_iso())
+        return plan_input(requests, heads, owners, refused, inline, self.inline_threshold,
+                          lambda pkg, gen: self._manifest(conn, pkg, gen),
+                          lambda pkg: [r[0] for r in conn.execute(
+                              "SELECT manifest_sha256 FROM generations WHERE package_id=? "
+                              "ORDER BY generation", (pkg,))])
 
     def _write(self, conn: sqlite3.Connection, rows: BatchRows) -> None:
         # A duplicate of an existing blob never overwrites it, unless the existing row is

@@ -4,7 +4,8 @@ Each publisher owns one package and publishes generations in a loop; each public
 adds or replaces 3 blobs of 2-8 KiB, and the manifest is kept at about 2 KiB. Measured at
 1, 16 and 256 concurrent publishers, with group commit and with one transaction per
 publication, beside the raw single-row SQLite WAL + synchronous=FULL commit rate in the
-same run. Every configuration runs ``--repeats`` times; medians are reported.
+same run. Every configuration runs ``--repeats`` times; medians are reported. The process
+is set up as the ``viano`` command sets up its own (``engine.tune_collector``).
 
 The blobs here are bytes sources, hashed once when made from their own immutable bytes,
 so the store stores them without hashing again. A file source's small blobs are re-read
@@ -31,7 +32,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from actors import open_store
 from bench._common import median, parse_args, percentile, print_table, write_json
-from engine import BytesSource, Change, FileSource, PublishRequest, new_package_id
+from engine import (
+    BytesSource,
+    Change,
+    FileSource,
+    PublishRequest,
+    new_package_id,
+    tune_collector,
+)
 from engine._store._sources import read_verified
 
 BASE_FILES = 14  # with the 3 rotating blobs: ~17 entries, a ~2 KiB manifest
@@ -122,6 +130,7 @@ def rehash_cost_us(root: Path, pubs: int = 3000) -> float:
 
 
 def main() -> None:
+    tune_collector()  # the process as the viano command sets it up (engine/_process.py)
     args = parse_args(__doc__, "publishers", "1,16,256")
     counts = [int(x) for x in args.publishers.split(",")]
     raw_rates: list[float] = []

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from actors import open_store
 from bench._common import print_table, write_json
-from engine import BytesSource, Change, PublishRequest, new_package_id
+from engine import BytesSource, Change, PublishRequest, new_package_id, tune_collector
 
 
 async def run(root: Path, seconds: float, every: float, publishers: int,
@@ -91,6 +91,7 @@ def _size(path: Path) -> int:
 
 
 def main() -> None:
+    tune_collector()  # the process as the viano command sets it up (engine/_process.py)
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=12.0)

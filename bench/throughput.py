@@ -46,6 +46,7 @@ from engine import (  # noqa: E402
     ProviderConfig,
     StoreConfig,
     prepare_intake,
+    tune_collector,
 )
 from tests.batch_helpers import write_generic_answers  # noqa: E402
 from viano_bug_analysis import open_engine  # noqa: E402
@@ -159,6 +160,7 @@ def run_one(n: int, latency_ms: float, concurrency: int, tmp: Path) -> dict[str,
 
 
 def main() -> None:
+    tune_collector()  # the process as the viano command sets it up (engine/_process.py)
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", default=DEFAULT_RUNS,

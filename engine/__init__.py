@@ -132,6 +132,7 @@ from ._portable import ExportSummary as ExportSummary
 from ._portable import check_destination as check_destination
 from ._portable import export_package as export_package
 from ._portable import read_export as read_export
+from ._process import tune_collector as tune_collector
 from ._store import CRASH_POINTS as CRASH_POINTS
 from ._store import INLINE_THRESHOLD as INLINE_THRESHOLD
 from ._store import PACKAGE_FORMAT as PACKAGE_FORMAT

@@ -55,7 +55,7 @@ ENGINE_API = [
     "prepare_intake", "prompt_for", "provider_statistics", "read_export", "remove_log_filter",
     "reopen_change", "report_document", "report_markdown", "retry_after_seconds",
     "round_change", "running", "sha256_hex", "successor_violations", "terminal_safe",
-    "unblock_change", "utc_now_iso", "validate_case_id", "validate_hypotheses",
+    "tune_collector", "unblock_change", "utc_now_iso", "validate_case_id", "validate_hypotheses",
     "validate_interpretation", "verify_store",
 ]
 

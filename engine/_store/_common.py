@@ -222,11 +222,17 @@ def plan_input(requests: Sequence[Request], heads: dict[str, Head], owners: dict
 # -- rows --------------------------------------------------------------------------------
 
 
-def stored_status(**fields: Any) -> CaseStatus:
-    """A status as the index holds it, not checked: a damaged row must still list (verify
-    names it, see ``status_problem``), never make every read of the index refuse."""
+_STATUS_FIELDS = tuple(a.name for a in attrs.fields(CaseStatus))
+
+
+@functools.lru_cache(maxsize=4096, typed=True)  # typed: a damaged 1.0 is not a round 1
+def stored_status(*values: Any) -> CaseStatus:
+    """A status as the index holds it (its fields in declaration order), not checked: a
+    damaged row must still list (verify names it, see ``status_problem``), never make every
+    read of the index refuse. Statuses are immutable, so one is shared by the rows that
+    hold the same values (most cases of a batch are READY at the same phase)."""
     status = object.__new__(CaseStatus)
-    for name, value in fields.items():
+    for name, value in zip(_STATUS_FIELDS, values, strict=True):
         object.__setattr__(status, name, value)
     return status
 
@@ -245,10 +251,8 @@ def status_problem(status: CaseStatus) -> str | None:
 def ref_from_row(row: Sequence[Any]) -> CaseRef:
     status = None
     if len(row) > 6 and row[6] is not None:
-        status = stored_status(status=row[6], phase=row[7], reason=row[8], round=row[9],
-                               max_rounds=row[10], due_at=None if row[11] is None
-                               else float(row[11]), attempt_id=row[12],
-                               calls_started=row[13])
+        status = stored_status(row[6], row[7], row[8], row[9], row[10],
+                               None if row[11] is None else float(row[11]), row[12], row[13])
     elif len(row) == 6:
         status = CaseStatus(status="READY", phase=row[3])  # a version-1 store: at intake
     return CaseRef(row[0], row[1], row[2], row[3], row[4], row[5], status)
@@ -319,9 +323,11 @@ class ManifestCache:
             return self._items.get(key)
 
     def put(self, manifest: Manifest) -> None:
+        key = (manifest.package_id, manifest.package_generation)
         with self._lock:
-            key = (manifest.package_id, manifest.package_generation)
-            self._items[key] = manifest
-            self._items.move_to_end(key)
-            while len(self._items) > self._size:
-                self._items.popitem(last=False)
+            items = self._items
+            if key in items:
+                items.move_to_end(key)
+            items[key] = manifest
+            if len(items) > self._size:
+                items.popitem(last=False)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import attrs
 
@@ -35,8 +36,9 @@ from ._requests import (
 log = logging.getLogger("viano.store")
 
 
-@attrs.frozen
-class Head:
+# The rows are named tuples, not attrs classes: a batch makes several per publication,
+# and a tuple's columns bind to SQL as they are.
+class Head(NamedTuple):
     """A package's row in the case index as the transaction found it."""
 
     case_id: str
@@ -44,8 +46,9 @@ class Head:
     status: CaseStatus | None
 
 
-@attrs.frozen
-class GenerationRow:
+class GenerationRow(NamedTuple):
+    """One generation as the store holds it, in its table's column order."""
+
     package_id: str
     generation: int
     parent: int | None
@@ -55,8 +58,7 @@ class GenerationRow:
     created_at: str
 
 
-@attrs.frozen
-class RefRow:
+class RefRow(NamedTuple):
     """The final state of one package's index row after the batch."""
 
     package_id: str
@@ -88,11 +90,7 @@ class BatchRows:
     generations: list[GenerationRow] = attrs.field(factory=list)
     refs: dict[str, RefRow] = attrs.field(factory=dict)
     new_manifests: list[Manifest] = attrs.field(factory=list)
-
-    @property
-    def bytes_written(self) -> int:
-        return sum(len(d) for _, d in self.blobs.values() if d) + sum(
-            len(g.manifest) for g in self.generations)
+    bytes_written: int = 0  # inline blob and manifest bytes, as they are added
 
 
 @attrs.define
@@ -231,12 +229,15 @@ class _Planner:
         """Add a fully checked request's rows. Nothing here refuses or raises."""
         rows = self.rows
         for sha, blob in staged.blobs.items():
-            if sha not in rows.blobs or rows.blobs[sha][1] is None:
+            known = rows.blobs.get(sha)
+            if known is None or known[1] is None:
                 rows.blobs[sha] = blob
+                rows.bytes_written += len(blob[1] or b"")
         for m in staged.manifests:
             rows.generations.append(GenerationRow(
                 m.package_id, m.package_generation, m.parent_generation, m.sha256, m.raw,
                 m.phase, m.created_at))
+            rows.bytes_written += len(m.raw)
             rows.new_manifests.append(m)
             self.parents[m.package_id] = m
         head = self.heads.get(req.package_id)

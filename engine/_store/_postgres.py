@@ -325,9 +325,7 @@ class PostgresStore:
                 cur.executemany(
                     "INSERT INTO viano_generations (package_id, generation, parent, "
                     "manifest_sha256, manifest, phase, created_at) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                    [(g.package_id, g.generation, g.parent, g.manifest_sha256, g.manifest,
-                      g.phase, g.created_at) for g in rows.generations])
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s)", rows.generations)
             if rows.refs:
                 cur.executemany(
                     "INSERT INTO viano_refs (package_id, case_id, generation, phase, "

@@ -258,9 +258,7 @@ class SqliteStore:
             [(bytes.fromhex(sha), size, data) for sha, (size, data) in rows.blobs.items()])
         conn.executemany(
             "INSERT INTO generations (package_id, generation, parent, manifest_sha256, "
-            "manifest, phase, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [(g.package_id, g.generation, g.parent, g.manifest_sha256, g.manifest, g.phase,
-              g.created_at) for g in rows.generations])
+            "manifest, phase, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)", rows.generations)
         conn.executemany(
             "INSERT INTO refs (package_id, case_id, generation, phase, analysis_revision, "
             "updated_at, status, status_phase, reason, round, max_rounds, due_at, attempt_id, "

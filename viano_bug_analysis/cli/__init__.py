@@ -7,7 +7,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from engine import EXIT_INTERRUPTED, Config, VianoError
+from engine import EXIT_INTERRUPTED, Config, VianoError, tune_collector
 
 from ._commands import COMMANDS
 from ._events import event_log
@@ -84,6 +84,8 @@ def _quiet_stdout() -> None:
 
 
 def run() -> None:
+    """The console entry point: one whole process (see ``engine.tune_collector``)."""
+    tune_collector()
     code = main()
     try:
         sys.stdout.flush()

@@ -116,6 +116,10 @@ class Engine(Passes):
         self._results_send, self.results = trio.open_memory_channel[CaseResult](
             RESULTS_BUFFER)
         self.dropped_results = 0
+        # Cases whose advance was cut short (a case actor cancelled, or a case still
+        # waiting for a slot when the engine stopped): counted as they end, so a count
+        # read after the close is exact, not a race with the actors' unwinding.
+        self.interrupted = 0
         self._subscribers: list[trio.MemorySendChannel[dict[str, Any]]] = []
         self.dropped_events = 0
         self.accepting = True
@@ -243,6 +247,8 @@ class Engine(Passes):
                 except trio.WouldBlock:
                     self.dropped_results += 1
         finally:
+            if running.result is None:
+                self.interrupted += 1
             del self._running[case_id]
             self._active -= 1
             running.done.set()
@@ -256,6 +262,7 @@ class Engine(Passes):
         self.accepting = False
         while self._queue:
             self._running.pop(self._queue.popleft()).done.set()
+            self.interrupted += 1
 
     def _hold_back(self, result: CaseResult) -> None:
         """Keep a case out of the passes for a while when offering it again now would only

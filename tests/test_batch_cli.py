@@ -377,6 +377,27 @@ class TestRefusedBeforeAnyWork:
         assert json.loads(r.stdout)["error"]["reason"] == "usage_error"
 
 
+def _finished_one_and_another_is_calling(lines: list[str]) -> bool:
+    """A case has its result, and since then another case has started a model call (it
+    is in flight: the provider takes 150 ms). Waiting for the result alone raced: both
+    first cases could finish before the next was dispatched, leaving none in flight."""
+    finished: set[str] = set()
+    calling: set[str] = set()
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(event, dict):
+            continue
+        if event.get("event") == "result":
+            finished.add(event.get("case_id", ""))
+            calling.clear()
+        elif event.get("event") == "step" and event.get("status") == "RUNNING" and finished:
+            calling.add(event.get("case_id", ""))
+    return bool(calling - finished)
+
+
 class TestDaemonEndings:
     async def test_a_second_signal_during_shutdown_is_ignored_and_json_summarises(
             self, tmp_path: Path, slow_provider: Provider) -> None:
@@ -386,8 +407,7 @@ class TestDaemonEndings:
         await _intake(store, tmp_path, [f"S-{i}" for i in range(4)])
         proc = _Process("daemon", "--store", store, "--concurrency", "2", "--json",
                         "--log-json", "-", env=_env(_config(tmp_path, slow_provider.port)))
-        proc.until(lambda lines: any('"event": "result"' in x and "GENERATING_HYPOTHESES" in x
-                                     for x in lines), stream="err")  # a case finished
+        proc.until(_finished_one_and_another_is_calling, stream="err")
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGTERM):
             proc.proc.send_signal(sig)
         rc, err = proc.finish(timeout=30)

@@ -229,7 +229,6 @@ async def _daemon(args: argparse.Namespace, out: Output, config: Config) -> None
     ``--json``: one summary document when it stops)."""
     counts: Counter[str] = Counter()
     final: dict[str, Any] = {}
-    in_flight = 0
     async with _stoppable() as (_stop, work):
         engine: Engine | None = None
         with work:
@@ -242,11 +241,11 @@ async def _daemon(args: argparse.Namespace, out: Output, config: Config) -> None
                         nursery.start_soon(_report_results, engine, out, counts)
                         await engine.serve(poll_s=args.poll_s)
                 finally:  # the store's counts as the daemon stops, while it is open
-                    in_flight = engine.in_flight  # the actors the close is about to cancel
                     with trio.CancelScope(shield=True):
                         final = await _case_counts(engine)
         if engine is None:
             return
+        in_flight = engine.interrupted  # exact now that every actor has ended
         while True:  # the results that arrived as it stopped count too
             try:
                 counts[engine.results.receive_nowait().result.status] += 1

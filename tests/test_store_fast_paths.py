@@ -41,19 +41,66 @@ def test_a_refused_path_is_refused_every_time() -> None:
     assert validate_logical_path("work/ok.txt") == "work/ok.txt"
 
 
-def test_a_str_subclass_is_checked_as_its_text() -> None:
+def test_only_exact_strings_are_paths() -> None:
+    """A str subclass could answer the checks as it likes (``__str__``, ``split``,
+    ``__eq__`` and ``__hash__`` against a remembered path): it is refused, as other types."""
     class Sneaky(str):
-        def __eq__(self, other: object) -> bool:  # equal to a remembered valid path
+        def __str__(self) -> str:
+            return "work/ok.txt"
+
+        def __eq__(self, other: object) -> bool:
             return True
 
         def __hash__(self) -> int:
             return hash("work/ok.txt")
 
     validate_logical_path("work/ok.txt")
+    for bad in (Sneaky("../etc/passwd"), Sneaky("work/ok.txt"), 7, b"work/ok.txt", None):
+        with pytest.raises(ChangeRejected):
+            validate_logical_path(bad)  # type: ignore[arg-type]
+
+
+def test_long_paths_are_checked_every_time_and_not_kept() -> None:
+    from engine._store._manifest import _remembered_check
+
+    before = _remembered_check.cache_info().currsize
+    long_path = "work/" + "x" * 900
+    assert validate_logical_path(long_path) == long_path
     with pytest.raises(ChangeRejected):
-        validate_logical_path(Sneaky("../etc/passwd"))
-    with pytest.raises(ChangeRejected):
-        validate_logical_path(7)  # type: ignore[arg-type]
+        validate_logical_path("work/" + "x" * 1100)  # over the 1024 limit
+    assert _remembered_check.cache_info().currsize == before
+
+
+def test_a_status_with_long_text_is_not_kept() -> None:
+    from engine._store._common import _shared_status
+
+    before = _shared_status.cache_info().currsize
+    status = ref_from_row(_row(1, status="X" * 5000)).status
+    assert status is not None and status_problem(status) is not None
+    assert _shared_status.cache_info().currsize == before
+
+
+def test_an_evolved_manifest_encodes_its_own_files() -> None:
+    """The fast file list is derived from ``files``: a manifest made another way
+    (``attrs.evolve``, the public constructor) encodes what its ``files`` hold."""
+    import attrs
+
+    from engine import FileEntry
+
+    parent = build_manifest(None, "pkg-1", "C-1", Change(
+        files={"work/a": BytesSource.of(b"a")}, phase="INTAKE"), NOW)
+    b = BytesSource.of(b"b")
+    evolved = attrs.evolve(parent, files={**parent.files, "work/b": FileEntry(b.sha256, 1)})
+    child = build_manifest(evolved, "pkg-1", "C-1", Change(
+        files={"work/c": BytesSource.of(b"c")}, pointers={"latest": "work/b"}), NOW)
+    parsed = Manifest.parse(child.raw, child.sha256)
+    assert set(parsed.files) == {"work/a", "work/b", "work/c"} == set(child.files)
+    assert set(evolved.to_json()["files"]) == {"work/a", "work/b"}
+    again = Manifest(package_id="pkg-1", case_id="C-1", package_generation=1,
+                     parent_generation=None, analysis_revision=1, phase="INTAKE",
+                     created_at=NOW, pointers={}, files=dict(parent.files), raw=parent.raw,
+                     sha256=parent.sha256)
+    assert again.to_json() == parent.to_json()
 
 
 def test_manifests_built_on_parents_are_byte_identical_to_their_parse() -> None:

@@ -223,18 +223,28 @@ def plan_input(requests: Sequence[Request], heads: dict[str, Head], owners: dict
 
 
 _STATUS_FIELDS = tuple(a.name for a in attrs.fields(CaseStatus))
+_SHARED_TEXT = 256  # statuses with longer text (only a damaged row has it) are not kept
 
 
-@functools.lru_cache(maxsize=4096, typed=True)  # typed: a damaged 1.0 is not a round 1
 def stored_status(*values: Any) -> CaseStatus:
     """A status as the index holds it (its fields in declaration order), not checked: a
     damaged row must still list (verify names it, see ``status_problem``), never make every
     read of the index refuse. Statuses are immutable, so one is shared by the rows that
     hold the same values (most cases of a batch are READY at the same phase)."""
+    if any(isinstance(v, (str, bytes)) and len(v) > _SHARED_TEXT for v in values):
+        return _status_of(*values)
+    return _shared_status(*values)
+
+
+def _status_of(*values: Any) -> CaseStatus:
     status = object.__new__(CaseStatus)
     for name, value in zip(_STATUS_FIELDS, values, strict=True):
         object.__setattr__(status, name, value)
     return status
+
+
+# typed: a damaged 1.0 is not shared with a good round 1
+_shared_status = functools.lru_cache(maxsize=4096, typed=True)(_status_of)
 
 
 def status_problem(status: CaseStatus) -> str | None:

@@ -51,16 +51,19 @@ _KEYS = frozenset({"format", "package_id", "case_id", "package_generation", "par
 
 def validate_logical_path(path: str) -> str:
     """A logical path is relative, '/'-separated UTF-8, with no empty, '.' or '..' segment."""
-    if not isinstance(path, str):
+    if type(path) is not str:  # a subclass could answer the checks below as it likes
         raise ChangeRejected(f"logical path {path!r} is not valid")
-    _check_path(str(path))  # a str subclass could compare equal and hash differently
+    if len(path) <= _REMEMBERED_PATH:
+        _remembered_check(path)
+    else:
+        _check_path(path)
     return path
 
 
-@functools.lru_cache(maxsize=8192)
+_REMEMBERED_PATH = 256  # longer paths are checked every time: 8192 of them stay < 3 MB
+
+
 def _check_path(path: str) -> None:
-    """The checks of :func:`validate_logical_path`; a path that passed is remembered (the
-    same few paths are published again and again), a refusal is not."""
     if not path or len(path) > 1024 or path.startswith("/") or "\\" in path:
         raise ChangeRejected(f"logical path {path!r} is not valid")
     if _CONTROL.search(path):
@@ -71,6 +74,11 @@ def _check_path(path: str) -> None:
         raise ChangeRejected(f"logical path {path!r} is not UTF-8 text") from exc
     if any(seg in ("", ".", "..") for seg in path.split("/")):
         raise ChangeRejected(f"logical path {path!r} has an empty, '.' or '..' segment")
+
+
+# A path that passed is remembered (the same few paths are published again and again); a
+# refusal is not (an exception is never cached).
+_remembered_check = functools.lru_cache(maxsize=8192)(_check_path)
 
 
 def is_write_once(path: str) -> bool:
@@ -106,11 +114,21 @@ class Manifest:
     files: Mapping[str, FileEntry] = attrs.field(converter=_frozen)
     raw: bytes = attrs.field(eq=False, repr=False)
     sha256: str = attrs.field(eq=False)
-    # ``files`` as plain JSON objects, shared with the parent's and the child's: a
-    # publication encodes its whole file list, which grows with the package, and orjson
-    # writes dicts eight times faster than dataclasses (7 us for 17 files). Never mutated.
-    _wire_files: Mapping[str, Mapping[str, Any]] = attrs.field(alias="wire_files", eq=False,
-                                                               repr=False)
+    # ``files`` as plain JSON objects, for encoding a child: a publication encodes its
+    # whole file list, which grows with the package, and orjson writes dicts eight times
+    # faster than dataclasses (7 us for 17 files). Derived, never passed in: built with
+    # the manifest by build_manifest (from its parent's) or on first use, and only used
+    # while ``files`` is the very mapping it was made from (attrs.evolve makes another).
+    _wire: tuple[Mapping[str, FileEntry], dict[str, Mapping[str, Any]]] | None = attrs.field(
+        init=False, default=None, eq=False, repr=False)
+
+    def _wire_files(self) -> dict[str, Mapping[str, Any]]:
+        wire = self._wire
+        if wire is None or wire[0] is not self.files:
+            wire = (self.files, {p: {"sha256": e.sha256, "size": e.size}
+                                 for p, e in self.files.items()})
+            object.__setattr__(self, "_wire", wire)
+        return wire[1]
 
     @classmethod
     def parse(cls, raw: bytes, expected_sha256: str | None = None) -> Manifest:
@@ -151,9 +169,7 @@ class Manifest:
                    package_generation=gen, parent_generation=parent,
                    analysis_revision=revision, phase=doc["phase"],
                    created_at=doc["created_at"], pointers=pointers, files=files, raw=body,
-                   sha256=sha256_hex(body),
-                   wire_files={p: {"sha256": e.sha256, "size": e.size}
-                               for p, e in files.items()})
+                   sha256=sha256_hex(body))
 
     @property
     def generation(self) -> int:
@@ -165,7 +181,7 @@ class Manifest:
                 "parent_generation": self.parent_generation,
                 "analysis_revision": self.analysis_revision, "phase": self.phase,
                 "created_at": self.created_at, "pointers": dict(self.pointers),
-                "files": {p: dict(e) for p, e in self._wire_files.items()}}
+                "files": {p: dict(e) for p, e in self._wire_files().items()}}
 
     def entry(self, path: str) -> FileEntry | None:
         return self.files.get(path)
@@ -289,7 +305,7 @@ def build_manifest(parent: Manifest | None, package_id: str, case_id: str, chang
     # A mapping proxy's copy() is its dict's copy(); dict(proxy) goes key by key (it was
     # a tenth of the publisher's CPU).
     files: dict[str, FileEntry] = _copy(parent.files) if parent else {}
-    wire: dict[str, Mapping[str, Any]] = _copy(parent._wire_files) if parent else {}
+    wire: dict[str, Mapping[str, Any]] = parent._wire_files().copy() if parent else {}
     for path, source in change.files.items():
         sha, size = source.sha256, source.size
         if not isinstance(sha, str) or SHA256.fullmatch(sha) is None or \
@@ -322,11 +338,13 @@ def build_manifest(parent: Manifest | None, package_id: str, case_id: str, chang
         "package_generation": generation, "parent_generation": parent_gen,
         "analysis_revision": revision, "phase": phase, "created_at": created_at,
         "pointers": pointers, "files": wire})
-    return Manifest(package_id=package_id, case_id=case_id, package_generation=generation,
-                    parent_generation=parent_gen, analysis_revision=revision, phase=phase,
-                    created_at=created_at, pointers=types.MappingProxyType(pointers),
-                    files=types.MappingProxyType(files), raw=raw, sha256=sha256_hex(raw),
-                    wire_files=wire)
+    manifest = Manifest(package_id=package_id, case_id=case_id,
+                        package_generation=generation, parent_generation=parent_gen,
+                        analysis_revision=revision, phase=phase, created_at=created_at,
+                        pointers=types.MappingProxyType(pointers),
+                        files=types.MappingProxyType(files), raw=raw, sha256=sha256_hex(raw))
+    object.__setattr__(manifest, "_wire", (manifest.files, wire))
+    return manifest
 
 
 def _copy(mapping: Mapping[str, V]) -> dict[str, V]:

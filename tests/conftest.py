@@ -70,8 +70,8 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Cli:
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
-    """What a store folder holds: every file with its bytes, except that the SQLite index
-    (with its WAL) is represented by its rows, so a checkpoint that moves committed pages
+    """What a store folder holds: every file with its bytes, except that the SQLite files
+    (with their WALs) are represented by their rows, so a checkpoint that moves committed pages
     from the WAL into the database does not count as a change. Lock files are left out:
     they carry no data."""
     if not root.exists():
@@ -80,9 +80,11 @@ def snapshot(root: Path) -> dict[str, bytes]:
     for p in sorted(root.rglob("*")):
         if not p.is_file() or "locks" in p.parts:
             continue
-        if p.name.startswith("store.sqlite3"):
-            if p.name == "store.sqlite3":
-                out["store.sqlite3 (rows)"] = _rows(p)
+        database = next((d for d in ("store.sqlite3", "blob-index.sqlite3")
+                         if p.name.startswith(d)), None)
+        if database is not None:  # the store's file and the blob index's side file
+            if p.name == database:
+                out[f"{database} (rows)"] = _rows(p)
             continue
         out[str(p.relative_to(root))] = p.read_bytes()
     return out

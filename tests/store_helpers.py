@@ -62,6 +62,8 @@ def _run(store: Path, stmt: str, params: Sequence[object], *, fetch: bool
             return [tuple(r) for r in cur.fetchall()] if fetch else []
     conn = sqlite3.connect(store / "store.sqlite3")
     try:
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE name='blob_rows'").fetchone():
+            stmt = re.sub(r"\bblobs\b", "blob_rows", stmt)  # format 3 appends blobs there
         rows = [tuple(r) for r in conn.execute(stmt, params).fetchall()]
         conn.commit()
     finally:

@@ -13,6 +13,7 @@ import pytest
 
 from engine import IntakeLimits
 from tests.conftest import child_env, run_viano
+from viano_bug_analysis.cli._intake_commands import IN_FLIGHT
 
 REPORTS = Path(__file__).parent / "fixtures" / "reports"
 
@@ -103,19 +104,22 @@ def test_group_commit_carries_a_bulk_intake(tmp_path: Path) -> None:
 
 
 def test_killed_mid_batch_and_run_again_takes_nothing_twice(tmp_path: Path) -> None:
-    folder = _folder(tmp_path, 40)
+    # More reports than two commits can hold, whatever the timing: at most IN_FLIGHT
+    # publications wait on the publisher, so a commit takes at most that many.
+    n = 2 * IN_FLIGHT + 10
+    folder = _folder(tmp_path, n)
     store = tmp_path / "s"
     env = child_env() | {"VIANO_CRASH_AT": "txn.after_commit:2"}
     r = run_viano("intake", "--json", "--store", store, "--batch", folder, env=env,
                   timeout=300)
     assert r.returncode == 137, (r.returncode, r.stderr)  # died after its second commit
     first = len(_cases(store))
-    assert 0 < first < 40
+    assert 0 < first <= 2 * IN_FLIGHT
     code, doc = _bulk(store, folder)
     assert code == 0, doc
-    assert doc["taken_in"] == 40 - first and doc["already_present"] == first
+    assert doc["taken_in"] == n - first and doc["already_present"] == first
     cases = _cases(store)
-    assert sorted(c["case_id"] for c in cases) == [f"BULK-{i:03d}" for i in range(40)]
+    assert sorted(c["case_id"] for c in cases) == [f"BULK-{i:03d}" for i in range(n)]
     assert all(c["package_generation"] == 1 for c in cases)
     assert run_viano("verify", "--store", store).returncode == 0
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from engine import NotAStore, NotFound, SqliteStore, StorageError
+from engine._store._sqlite_schema import CURRENT_VERSION
 from tests.conftest import (
     PYTHON,
     Cli,
@@ -247,7 +248,7 @@ class TestMigration:
                 "NEW-1")
         assert r.code == 0, r.err
         new = SqliteStore.open(root, write=False)
-        assert new.version == 2
+        assert new.version == CURRENT_VERSION == 3
         for ref in new.list_cases():
             if ref.case_id in history:
                 assert [(g.generation, g.manifest_sha256, g.manifest)

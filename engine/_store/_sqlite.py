@@ -1,7 +1,9 @@
 """The embedded store: SQLite (WAL, synchronous=FULL) for metadata, blobs by sha256.
 
-Tables (see ``_sqlite_schema``): ``blobs`` (content-addressed; small blobs inline, large
-ones as files with ``data IS NULL``), ``generations`` (one row per immutable generation,
+Tables (see ``_sqlite_schema``): ``blob_rows`` (content-addressed; small blobs inline,
+large ones as files with ``data IS NULL``; appended by id, their sha256 index in the side
+file ``blob-index.sqlite3``, see ``_sqlite_index``; a migrated store's older blobs stay in
+``blobs``), ``generations`` (one row per immutable generation,
 with the exact manifest bytes and their hash) and ``refs`` (the head generation and durable
 status of each package; the case index and the work queue). One batch of requests is one
 transaction; the "swap" of a generation is the compare-and-swap on ``refs.generation``
@@ -63,6 +65,7 @@ from ._manifest import Manifest
 from ._plan import BatchRows, GenerationRow, Head, PlanInput, plan_batch
 from ._protocol import BlobInfo, CaseRef, StoreStats
 from ._requests import Outcome, Request
+from ._sqlite_index import INDEX_FILES, attach_for_reading, attach_for_writing, find, write_blobs
 from ._sqlite_schema import CURRENT_VERSION, create_current, migrate, parse_version
 from ._wal import Checkpointer
 
@@ -76,7 +79,7 @@ READER_CACHE_KIB = 4096
 DB_NAME = "store.sqlite3"
 ID_NAME = "store-id"
 _STORE_ENTRIES = frozenset({DB_NAME, ID_NAME, "blobs", "locks", f"{DB_NAME}-wal",
-                            f"{DB_NAME}-shm"})
+                            f"{DB_NAME}-shm", *INDEX_FILES})
 log = logging.getLogger("viano.store")
 
 
@@ -142,8 +145,27 @@ class SqliteStore:
     def blob_files(self) -> BlobFiles:
         return self._blob_files
 
+    @property
+    def _has_rows(self) -> bool:
+        """Version 3 and later: blobs go to ``blob_rows``, indexed in the side file."""
+        return self.version >= 3
+
     def _connect_writer(self) -> sqlite3.Connection:
-        return _connect(self.db_path, writer=True)
+        conn = _connect(self.db_path, writer=True)
+        if self._has_rows:
+            try:
+                # The id through this connection: a reader opened here would outlive the
+                # writer at close, and the last connection's checkpoint would not run.
+                store_id = self._meta_id_of(conn)
+                if store_id is None:
+                    raise StorageError(f"{self.db_path} has no store id",
+                                       reason="store_corrupt", hint=self.repair_hint)
+                with _translate("open the blob index"):
+                    attach_for_writing(conn, self.root, store_id)
+            except BaseException:
+                conn.close()
+                raise
+        return conn
 
     @property
     def writer(self) -> sqlite3.Connection:
@@ -164,6 +186,8 @@ class SqliteStore:
         if conn is None:
             conn = _connect_reader(self.db_path, immutable=self._immutable)
             self._local.conn = conn
+            self._local.indexed = self._has_rows and attach_for_reading(
+                conn, self.root, self._meta_id_of(conn), self._immutable)
             with self._readers_lock:
                 self._readers.append(conn)
         return conn
@@ -249,13 +273,7 @@ class SqliteStore:
                               "ORDER BY generation", (pkg,))])
 
     def _write(self, conn: sqlite3.Connection, rows: BatchRows) -> None:
-        # A duplicate of an existing blob never overwrites it, unless the existing row is
-        # damaged (its bytes no longer hash to its key): then the verified bytes heal it.
-        conn.executemany(
-            "INSERT INTO blobs (sha256, size, data) VALUES (?, ?, ?) ON CONFLICT (sha256) "
-            "DO UPDATE SET size=excluded.size, data=excluded.data WHERE excluded.data IS NOT "
-            "NULL AND NOT viano_blob_ok(blobs.sha256, blobs.data)",
-            [(bytes.fromhex(sha), size, data) for sha, (size, data) in rows.blobs.items()])
+        write_blobs(conn, rows.blobs)  # a writer is always at the current version
         conn.executemany(
             "INSERT INTO generations (package_id, generation, parent, manifest_sha256, "
             "manifest, phase, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)", rows.generations)
@@ -303,6 +321,9 @@ class SqliteStore:
         with _translate("inspect the index"):
             gens = self.reader.execute("SELECT COUNT(*) FROM generations").fetchone()[0]
             blob_rows = self.reader.execute("SELECT COUNT(*) FROM blobs").fetchone()[0]
+            if self._has_rows:
+                blob_rows += self.reader.execute(
+                    "SELECT COUNT(*) FROM blob_rows").fetchone()[0]
         problems = []
         ours = self._meta_id()
         if ours is not None and not self._id_matches():
@@ -320,8 +341,12 @@ class SqliteStore:
 
     @guarded
     def _meta_id(self) -> str | None:
+        return self._meta_id_of(self.reader)
+
+    @staticmethod
+    def _meta_id_of(conn: sqlite3.Connection) -> str | None:
         try:
-            row = self.reader.execute("SELECT value FROM meta WHERE key='store_id'").fetchone()
+            row = conn.execute("SELECT value FROM meta WHERE key='store_id'").fetchone()
         except sqlite3.Error:
             return None
         return None if row is None else str(row[0])
@@ -463,18 +488,21 @@ class SqliteStore:
         self._cache.put(manifest)
         return manifest
 
+    def _find(self, sha256: str, columns: str) -> Sequence[Any] | None:
+        conn = self.reader
+        return find(conn, bytes.fromhex(sha256), columns, has_rows=self._has_rows,
+                    has_index=self._local.indexed)
+
     @guarded
     def blob_info(self, sha256: str) -> BlobInfo | None:
         with _translate("read a blob"):
-            row = self.reader.execute("SELECT size, data IS NOT NULL FROM blobs WHERE "
-                                      "sha256=?", (bytes.fromhex(sha256),)).fetchone()
+            row = self._find(sha256, "size, data IS NOT NULL")
         return None if row is None else BlobInfo(row[0], bool(row[1]))
 
     @guarded
     def _inline(self, sha256: str) -> bytes | None:
         with _translate("read a blob"):
-            row = self.reader.execute("SELECT size, data FROM blobs WHERE sha256=?",
-                                      (bytes.fromhex(sha256),)).fetchone()
+            row = self._find(sha256, "size, data")
         if row is None:
             raise StorageError(f"blob {sha256} is not in the store", reason="store_corrupt")
         return None if row[1] is None else bytes(row[1])

@@ -13,6 +13,10 @@ Version history:
 2. The durable case status in ``refs`` (status, its phase, reason, round, max_rounds,
    due_at as POSIX seconds, attempt_id, calls_started), indexed by (status, due_at) for
    the work queue; ``meta.store_id``, which the ``store-id`` file beside the blobs repeats.
+3. ``blob_rows`` (id, sha256, size, data): new blobs are appended here by integer id, with
+   no index in this file; their sha256 index is the side file ``blob-index.sqlite3`` (see
+   ``_sqlite_index``). The version-2 ``blobs`` table stays as it is and is still read, so
+   the migration copies nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import sqlite3
 from collections.abc import Callable
 
 FORMAT_PREFIX = "viano-store/"
-CURRENT_VERSION = 2
+CURRENT_VERSION = 3
 
 _V1 = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -52,7 +56,12 @@ def _to_v2(conn: sqlite3.Connection, store_id: str) -> None:
     conn.execute("INSERT OR REPLACE INTO meta VALUES ('store_id', ?)", (store_id,))
 
 
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection, str], None]] = {1: _to_v2}
+def _to_v3(conn: sqlite3.Connection, _store_id: str) -> None:
+    conn.execute("CREATE TABLE blob_rows (id INTEGER PRIMARY KEY, sha256 BLOB NOT NULL, "
+                 "size INTEGER NOT NULL, data BLOB)")
+
+
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection, str], None]] = {1: _to_v2, 2: _to_v3}
 
 
 def create_current(conn: sqlite3.Connection, store_id: str) -> None:

@@ -235,3 +235,153 @@ def test_a_migrated_store_reads_and_deduplicates_against_its_old_blobs(
     assert cli("cat", "--store", root, "AGAIN-1", "inputs/report.json").out == \
         (sample / "report.json").read_text()
     assert cli("verify", "--store", root).code == 0
+
+
+def _remap(root: Path, key: str, to_id: int) -> None:
+    conn = sqlite3.connect(root / INDEX_NAME)
+    conn.execute("UPDATE keys SET id=? WHERE sha256=?", (to_id, bytes.fromhex(key)))
+    conn.commit()
+    conn.close()
+
+
+def test_a_wrong_entry_under_a_right_mark_is_read_around_and_repaired(tmp_path: Path,
+                                                                     cli: Cli) -> None:
+    """The mark covers every row, but one entry names the wrong row: the blob is still
+    served (found where it really is), and the next write sees the entry disagree with
+    its row, indexes everything again and stores nothing twice."""
+    root = tmp_path / "s"
+    store = _store(root)
+    _publish(store, "A-1", PAYLOADS)
+    store.close()
+    keys = _keys(root)
+    a, b = sha256_hex(PAYLOADS[0]), sha256_hex(PAYLOADS[1])
+    _remap(root, a, keys[b])
+    _all_readable(root, PAYLOADS)
+    assert cli("verify", "--store", root).code == 0
+    store = _store(root)
+    _publish(store, "A-2", PAYLOADS)
+    store.close()
+    assert len(_rows(root)) == 5
+    assert _keys(root) == {s: i for i, s in _rows(root)}
+
+
+def test_an_index_of_another_history_is_rebuilt(tmp_path: Path, cli: Cli) -> None:
+    """store.sqlite3 restored from a backup and written again, then the index restored
+    from a copy taken on the abandoned branch: same ids, other blobs under them."""
+    root = tmp_path / "s"
+    store = _store(root)
+    _publish(store, "A-1", PAYLOADS)
+    store.close()
+    main_copy = {n: (root / n).read_bytes() for n in ("store.sqlite3",)}
+    assert not (root / "store.sqlite3-wal").exists()
+    store = _store(root)
+    _publish(store, "A-2", LATER)  # the branch that will be abandoned
+    store.close()
+    branch_index = (root / INDEX_NAME).read_bytes()
+    for name, data in main_copy.items():
+        (root / name).write_bytes(data)
+    store = _store(root)
+    other = [b"other %d" % i for i in range(5)]
+    _publish(store, "A-3", other)  # ids 6-10 again, other content
+    store.close()
+    (root / INDEX_NAME).write_bytes(branch_index)
+    _all_readable(root, PAYLOADS + other)
+    store = _store(root)
+    _publish(store, "A-4", [*other, b"new"])
+    store.close()
+    assert len(_rows(root)) == 11
+    assert _keys(root) == {s: i for i, s in _rows(root)}
+    assert cli("verify", "--store", root).code == 0
+
+
+def test_a_damaged_page_inside_the_index_costs_no_read_and_no_write(tmp_path: Path,
+                                                                    cli: Cli) -> None:
+    root = tmp_path / "s"
+    store = _store(root)
+    many = [b"blob %d" % i for i in range(3000)]
+    for i in range(0, 3000, 500):
+        _publish(store, f"M-{i}", many[i:i + 500])
+    store.close()
+    index = root / INDEX_NAME
+    raw = bytearray(index.read_bytes())
+    assert len(raw) > 60 * 1024
+    for page in range(20, 60):  # pages of the keys tree, not the header
+        raw[page * 1024:(page + 1) * 1024] = os.urandom(1024)
+    index.write_bytes(bytes(raw))
+    _all_readable(root, many[::97])
+    assert cli("verify", "--store", root).code == 0
+    store = _store(root)
+    _publish(store, "M-again", [*many[:50], b"fresh"])
+    store.close()
+    assert len(_rows(root)) == 3000 + 1  # only "fresh" is new
+    assert _keys(root) == {s: i for i, s in _rows(root)}
+
+
+def test_the_check_and_rebuild_hold_the_index_lock(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two writers finding the index missing at once must not both rebuild it."""
+    import fcntl
+
+    import engine._store._sqlite_index as ix
+
+    root = tmp_path / "s"
+    store = _store(root)
+    _publish(store, "A-0", [b"zero"])
+    store.close()
+    (root / INDEX_NAME).unlink()
+    real, held = ix._build, []
+
+    def build(path: Path, store_id: str) -> None:
+        fd = os.open(root / "locks" / ".index", os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.append(True)
+        finally:
+            os.close(fd)
+        real(path, store_id)
+
+    monkeypatch.setattr(ix, "_build", build)
+    store = _store(root)
+    _publish(store, "A-1", PAYLOADS)
+    store.close()
+    assert held == [True]
+
+
+def test_a_lookup_reads_the_index_and_the_rows_in_one_transaction(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import engine._store._sqlite_index as ix
+
+    root = tmp_path / "s"
+    store = _store(root)
+    _publish(store, "A-1", PAYLOADS)
+    real, seen = ix._find, []
+
+    def spy(conn: sqlite3.Connection, *args: object) -> object:
+        seen.append(conn.in_transaction)
+        return real(conn, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ix, "_find", spy)
+    assert store.read_blob(sha256_hex(PAYLOADS[0])) == PAYLOADS[0]
+    store.close()
+    assert seen and all(seen)
+
+
+def test_a_frozen_reader_does_not_trust_an_index_with_frames_in_its_wal(
+        tmp_path: Path) -> None:
+    """A reader that must read immutably (a folder it cannot write) reads the index
+    immutably only when its -wal holds nothing: otherwise it looks through the rows."""
+    from engine._store._sqlite_index import attach_for_reading
+
+    root = tmp_path / "s"
+    store = _store(root)
+    _publish(store, "A-1", PAYLOADS)
+    store.close()  # the last connection: the index's WAL is checkpointed and removed
+    store_id = (root / "store-id").read_text().strip()
+    assert not Path(f"{root / INDEX_NAME}-wal").exists()
+    conn = sqlite3.connect("file::memory:", uri=True)  # URIs, as the store's readers
+    assert attach_for_reading(conn, root, store_id, immutable=True)
+    conn.execute("DETACH DATABASE ix")
+    Path(f"{root / INDEX_NAME}-wal").write_bytes(b"frames")
+    assert not attach_for_reading(conn, root, store_id, immutable=True)
+    conn.close()

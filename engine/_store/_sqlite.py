@@ -65,7 +65,15 @@ from ._manifest import Manifest
 from ._plan import BatchRows, GenerationRow, Head, PlanInput, plan_batch
 from ._protocol import BlobInfo, CaseRef, StoreStats
 from ._requests import Outcome, Request
-from ._sqlite_index import INDEX_FILES, attach_for_reading, attach_for_writing, find, write_blobs
+from ._sqlite_index import (
+    INDEX_FILES,
+    IndexDamaged,
+    attach_for_reading,
+    attach_for_writing,
+    discard,
+    find,
+    write_blobs,
+)
 from ._sqlite_schema import CURRENT_VERSION, create_current, migrate, parse_version
 from ._wal import Checkpointer
 
@@ -220,7 +228,6 @@ class SqliteStore:
         return commit_each_alone(self._commit, requests, _value_error)
 
     def _commit(self, requests: Sequence[Request]) -> list[Outcome]:
-        conn = self.writer
         refused: list[VianoError | None] = [None] * len(requests)
         inline: dict[str, bytes] = {}
         large: Large = {}
@@ -228,6 +235,23 @@ class SqliteStore:
             refused[i] = prepare_blobs(self._blob_files, self.inline_threshold, req, inline,
                                        large, i)
         crash_point("batch.blobs_ready")
+        try:
+            rows = self._transaction(requests, refused, inline, large)
+        except IndexDamaged:
+            self._replace_index()  # derived data: rebuilt from the rows, then once more
+            rows = self._transaction(requests, refused, inline, large)
+        self._transactions += 1
+        self._requests += len(requests)
+        self._bytes += rows.bytes_written
+        crash_point("txn.after_commit")
+        for manifest in rows.new_manifests:
+            self._cache.put(manifest)
+        self._checkpointer.committed(rows.bytes_written)
+        return rows.outcomes
+
+    def _transaction(self, requests: Sequence[Request], refused: list[VianoError | None],
+                     inline: dict[str, bytes], large: Large) -> BatchRows:
+        conn = self.writer
         with self._commit_lock, _translate("commit a batch"):
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -240,14 +264,17 @@ class SqliteStore:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-        self._transactions += 1
-        self._requests += len(requests)
-        self._bytes += rows.bytes_written
-        crash_point("txn.after_commit")
-        for manifest in rows.new_manifests:
-            self._cache.put(manifest)
-        self._checkpointer.committed(rows.bytes_written)
-        return rows.outcomes
+        return rows
+
+    def _replace_index(self) -> None:
+        log.warning("the blob index of %s is damaged; rebuilding it", self.root)
+        with self._commit_lock, _translate("rebuild the blob index"):
+            conn = self.writer
+            conn.execute("DETACH DATABASE ix")
+            discard(self.root)
+            store_id = self._meta_id_of(conn)
+            assert store_id is not None  # the writer was attached with it
+            attach_for_writing(conn, self.root, store_id)
 
     def _plan_input(self, conn: sqlite3.Connection, requests: Sequence[Request],
                     refused: list[VianoError | None], inline: dict[str, bytes]) -> PlanInput:

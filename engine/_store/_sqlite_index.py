@@ -29,10 +29,11 @@ next write transaction puts back.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -56,13 +57,16 @@ def attach_for_writing(conn: sqlite3.Connection, root: Path, store_id: str) -> N
         raise StorageError(f"{path} is not a regular file", reason="store_corrupt",
                            hint=f"Remove {path}: the next write rebuilds the blob index from "
                                 "the store.")
-    problem = _unfit(path, store_id)
-    if problem is not None:
-        if path.exists():
-            log.warning("rebuilding the blob index of %s (%s)", root, problem)
-        for name in INDEX_FILES:
-            (root / name).unlink(missing_ok=True)
-        _build(path, store_id)
+    with _index_lock(root):  # one check-and-rebuild at a time, across processes
+        problem = _unfit(path, store_id, immutable=False)
+        if problem is not None:
+            if path.exists():
+                log.warning("rebuilding the blob index of %s (%s)", root, problem)
+            for leftover in root.glob(f".{INDEX_NAME}.*"):
+                leftover.unlink(missing_ok=True)  # a crashed builder's: we hold the lock
+            for name in INDEX_FILES:
+                (root / name).unlink(missing_ok=True)
+            _build(path, store_id)
     # Bound as bytes: a folder name need not be UTF-8 (SQLite reads the blob as the name).
     conn.execute("ATTACH DATABASE ? AS ix", (os.fsencode(path),))
     conn.execute("PRAGMA ix.journal_mode=WAL")
@@ -71,17 +75,37 @@ def attach_for_writing(conn: sqlite3.Connection, root: Path, store_id: str) -> N
     conn.execute("PRAGMA ix.journal_size_limit=67108864")
 
 
+@contextlib.contextmanager
+def _index_lock(root: Path) -> Iterator[None]:
+    (root / "locks").mkdir(exist_ok=True)
+    fd = os.open(root / "locks" / ".index", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def rebuild(conn: sqlite3.Connection) -> None:
+    """Inside a write transaction: index every row again (the index was found wrong)."""
+    log.warning("the blob index disagrees with the rows; indexing them all again")
+    conn.execute("DELETE FROM ix.keys")
+    _set_covered(conn, 0)
+    catch_up(conn)
+
+
 def attach_for_reading(conn: sqlite3.Connection, root: Path, store_id: str | None,
                        immutable: bool) -> bool:
     """Attach the index read-only if it is there and this store's; False if not (the
     reader then looks through the rows)."""
     path = root / INDEX_NAME
-    if store_id is None or _unfit(path, store_id) is not None:
+    if store_id is None or _unfit(path, store_id, immutable=True) is not None:
         return False  # checked first without attaching: attaching creates -wal and -shm
-    # Like the main file: in a folder the reader cannot write, a WAL database without its
-    # -wal file is read as immutable (SQLite cannot create the -shm there).
-    tries = [immutable] if immutable else [False] + (
-        [] if Path(f"{path}-wal").exists() else [True])
+    # Like the main file: in a folder the reader cannot write, a WAL database without a
+    # -wal holding frames is read as immutable (SQLite cannot create the -shm there).
+    wal = Path(f"{path}-wal")
+    quiet = not wal.exists() or wal.stat().st_size == 0
+    tries = ([True] if quiet else []) if immutable else [False] + ([True] if quiet else [])
     for frozen in tries:
         uri = f"file:{quote(os.fsencode(path))}?mode=ro" + ("&immutable=1" if frozen else "")
         try:
@@ -94,15 +118,17 @@ def attach_for_reading(conn: sqlite3.Connection, root: Path, store_id: str | Non
     return False
 
 
-def _unfit(path: Path, store_id: str) -> str | None:
-    """Why the file at ``path`` cannot serve as this store's index (None: it can). Read
-    as immutable, which creates nothing beside it: the store id and the schema never
-    change once the file is in place."""
+def _unfit(path: Path, store_id: str, *, immutable: bool) -> str | None:
+    """Why the file at ``path`` cannot serve as this store's index (None: it can). A
+    reader reads it as immutable, which creates nothing beside it (the store id and the
+    schema never change once the file is in place; a torn read only makes it look through
+    the rows); a writer, which may delete what it finds unfit, reads it as it is."""
     if path.is_symlink() or not path.is_file():
         return "missing" if not path.exists() else "not a regular file"
     try:
-        conn = sqlite3.connect(f"file:{quote(os.fsencode(path))}?mode=ro&immutable=1",
-                               uri=True, isolation_level=None)
+        conn = sqlite3.connect(f"file:{quote(os.fsencode(path))}?mode=ro"
+                               + ("&immutable=1" if immutable else ""),
+                               uri=True, isolation_level=None, timeout=30.0)
         try:
             row = conn.execute("SELECT value FROM state WHERE key='store_id'").fetchone()
             conn.execute("SELECT sha256, id FROM keys LIMIT 1").fetchall()
@@ -142,37 +168,87 @@ def catch_up(conn: sqlite3.Connection) -> int:
     """Inside a write transaction: make the index cover exactly the rows there are.
     Returns the last row id (the next rows are numbered after it)."""
     top = conn.execute("SELECT coalesce(max(id), 0) FROM blob_rows").fetchone()[0]
-    covered = conn.execute("SELECT value FROM ix.state WHERE key='covered'").fetchone()[0]
-    if covered == top:
-        return int(top)
+    mark = conn.execute("SELECT value FROM ix.state WHERE key='covered'").fetchone()
+    covered = mark[0] if mark is not None and type(mark[0]) is int and mark[0] >= 0 else 0
     if covered > top:  # the index's commit landed and the main file's did not
         conn.execute("DELETE FROM ix.keys WHERE id > ?", (top,))
-    else:  # the reverse (or a rebuilt index): index the rows past the mark
+        covered = top
+    if covered and not _agrees_at(conn, covered):
+        # Another history of this store (an index restored from elsewhere): start again.
+        conn.execute("DELETE FROM ix.keys")
+        covered = 0
+    if covered < top:  # the main file's commit landed and the index's did not, or a rebuild
         log.info("indexing blob rows %d..%d", covered + 1, top)
         conn.execute("INSERT OR REPLACE INTO ix.keys (sha256, id) SELECT sha256, id FROM "
                      "blob_rows WHERE id > ?", (covered,))
-    _set_covered(conn, top)
+    if mark is None or mark[0] != top:
+        _set_covered(conn, top)
     return int(top)
 
 
+def _agrees_at(conn: sqlite3.Connection, row_id: int) -> bool:
+    """Does the index hold the row at ``row_id`` under that id (the history check)?"""
+    row = conn.execute("SELECT 1 FROM blob_rows r JOIN ix.keys k ON k.sha256 = r.sha256 "
+                       "WHERE r.id = ? AND k.id = r.id", (row_id,)).fetchone()
+    return row is not None
+
+
 def _set_covered(conn: sqlite3.Connection, top: int) -> None:
-    conn.execute("UPDATE ix.state SET value=? WHERE key='covered'", (top,))
+    conn.execute("INSERT OR REPLACE INTO ix.state (key, value) VALUES ('covered', ?)", (top,))
+
+
+class IndexDamaged(StorageError):
+    """The index file itself is damaged (SQLite: malformed); the writer replaces it."""
+
+    def __init__(self, exc: sqlite3.DatabaseError):
+        super().__init__(f"the blob index is damaged ({exc})", reason="store_corrupt",
+                         hint=f"Remove {INDEX_NAME} from the store folder: the next write "
+                              "rebuilds it from the store.")
+
+
+def _damage(exc: sqlite3.DatabaseError) -> bool:
+    """A damaged file, as opposed to a busy or failing one (those are the store's)."""
+    return not isinstance(exc, sqlite3.OperationalError) or "malformed" in str(exc)
+
+
+def discard(root: Path) -> None:
+    """Remove the index files (the writer found them damaged and rebuilds them)."""
+    with _index_lock(root):
+        for name in INDEX_FILES:
+            (root / name).unlink(missing_ok=True)
 
 
 def write_blobs(conn: sqlite3.Connection, blobs: dict[str, tuple[int, bytes | None]],
                 chunk: int = 500) -> None:
-    """Inside a write transaction, after :func:`catch_up`: add the blobs not stored yet.
-    A blob already stored is never overwritten, unless its row is damaged (its bytes no
-    longer hash to its key): then the verified bytes heal it."""
+    """Inside a write transaction: add the blobs not stored yet. A blob already stored is
+    never overwritten, unless its row is damaged (its bytes no longer hash to its key):
+    then the verified bytes heal it. Raises :class:`IndexDamaged` for a damaged index."""
+    try:
+        _write_blobs(conn, blobs, chunk)
+    except sqlite3.DatabaseError as exc:
+        if _damage(exc) and _index_is_damaged(conn):
+            raise IndexDamaged(exc) from exc
+        raise
+
+
+def _index_is_damaged(conn: sqlite3.Connection) -> bool:
+    try:
+        return bool(conn.execute("PRAGMA ix.quick_check(1)").fetchone()[0] != "ok")
+    except sqlite3.DatabaseError:
+        return True
+
+
+def _write_blobs(conn: sqlite3.Connection, blobs: dict[str, tuple[int, bytes | None]],
+                 chunk: int) -> None:
     top = catch_up(conn)
     keys = [bytes.fromhex(sha) for sha in blobs]
-    indexed: dict[bytes, int] = {}
+    indexed = _indexed(conn, keys, chunk)
+    if indexed is None:  # an entry names a row that does not hold its key
+        rebuild(conn)
+        top = catch_up(conn)
+        indexed = _indexed(conn, keys, chunk) or {}
     legacy: set[bytes] = set()
     for part in _chunks(keys, chunk):
-        marks = ",".join("?" * len(part))
-        indexed.update(conn.execute(
-            f"SELECT k.sha256, k.id FROM ix.keys k JOIN blob_rows r ON r.id = k.id AND "
-            f"r.sha256 = k.sha256 WHERE k.sha256 IN ({marks})", part).fetchall())
         rest = [k for k in part if k not in indexed]
         if rest:
             legacy.update(r[0] for r in conn.execute(
@@ -205,24 +281,61 @@ def write_blobs(conn: sqlite3.Connection, blobs: dict[str, tuple[int, bytes | No
                          "viano_blob_ok(sha256, data)", heal_legacy)
 
 
+def _indexed(conn: sqlite3.Connection, keys: Sequence[bytes], chunk: int
+             ) -> dict[bytes, int] | None:
+    """The row ids of the keys the index holds; None if an entry names a row that does
+    not hold its key (the index is wrong: it must not decide what is new)."""
+    found: dict[bytes, int] = {}
+    for part in _chunks(keys, chunk):
+        marks = ",".join("?" * len(part))
+        for key, row_id, row_key in conn.execute(
+                f"SELECT k.sha256, k.id, r.sha256 FROM ix.keys k LEFT JOIN blob_rows r ON "
+                f"r.id = k.id WHERE k.sha256 IN ({marks})", part):
+            if row_key != key:
+                return None
+            found[key] = row_id
+    return found
+
+
 def find(conn: sqlite3.Connection, key: bytes, columns: str, *, has_rows: bool,
          has_index: bool) -> Sequence[Any] | None:
-    """One blob's ``columns`` (of ``size`` and ``data``), wherever it is stored."""
+    """One blob's ``columns`` (of ``size`` and ``data``), wherever it is stored. One read
+    transaction, so the index and the rows are read as of one moment; an index that is
+    wrong or damaged only makes this look through the rows."""
+    begun = not conn.in_transaction
+    if begun:
+        conn.execute("BEGIN")
+    try:
+        return _find(conn, key, columns, has_rows, has_index)
+    finally:
+        if begun and conn.in_transaction:
+            conn.execute("COMMIT")
+
+
+def _find(conn: sqlite3.Connection, key: bytes, columns: str, has_rows: bool,
+          has_index: bool) -> Sequence[Any] | None:
+    covered = 0
     if has_index:
-        row = conn.execute(f"SELECT {_qualified(columns, 'r')} FROM ix.keys k JOIN blob_rows "
-                           "r ON r.id = k.id AND r.sha256 = k.sha256 WHERE k.sha256=?",
-                           (key,)).fetchone()
-        if row is not None:
-            return tuple(row)
+        try:
+            row = conn.execute(f"SELECT {_qualified(columns, 'r')} FROM ix.keys k JOIN "
+                               "blob_rows r ON r.id = k.id AND r.sha256 = k.sha256 WHERE "
+                               "k.sha256=?", (key,)).fetchone()
+            if row is not None:
+                return tuple(row)
+            mark = conn.execute("SELECT value FROM ix.state WHERE key='covered'").fetchone()
+            covered = mark[0] if mark is not None and type(mark[0]) is int else 0
+        except sqlite3.DatabaseError as exc:
+            if not _damage(exc):
+                raise  # busy, I/O: the store's trouble, not the index's
+            log.warning("the blob index cannot be read (%s); looking through the rows", exc)
     row = conn.execute(f"SELECT {columns} FROM blobs WHERE sha256=?", (key,)).fetchone()
     if row is not None or not has_rows:
         return None if row is None else tuple(row)
-    covered = 0
-    if has_index:
-        mark = conn.execute("SELECT value FROM ix.state WHERE key='covered'").fetchone()
-        covered = mark[0] if mark is not None and type(mark[0]) is int else 0
     row = conn.execute(f"SELECT {columns} FROM blob_rows WHERE id > ? AND sha256=? LIMIT 1",
                        (covered, key)).fetchone()
+    if row is None and covered:  # not where the index says it would be: look everywhere
+        row = conn.execute(f"SELECT {columns} FROM blob_rows WHERE sha256=? LIMIT 1",
+                           (key,)).fetchone()
     return None if row is None else tuple(row)
 
 

@@ -146,7 +146,7 @@ class _Dispatch:
             # takes a dozen steps).
             now = self.s.clock.now()
             try:
-                planned = await trio.to_thread.run_sync(self._plan, now)
+                planned = await self.s.store.run_sync(self._plan, now)
             except HistoryProblem as exc:
                 if self._last is None:
                     raise
@@ -224,7 +224,7 @@ class _Dispatch:
             prompt, max_output_bytes=self.spec.max_output_bytes(policy)))
         crash_point("phase.answered")
         now = self.s.clock.now()
-        record = await trio.to_thread.run_sync(lambda: round_change(
+        record = await self.s.store.run_sync(lambda: round_change(
             self.spec, view, step, outcome, self.request, now=now, started_at=started))
         after = await snap.publish(record.change, record.status)
         crash_point("phase.recorded")

@@ -62,7 +62,7 @@ class Passes:
         left_out = set(skip) | set(self._not_before)
         now = self.clock.now()  # read here: a TrioClock needs the trio thread
         confirm = self.config.interpretation.auto_confirm
-        refs = await trio.to_thread.run_sync(
+        refs = await self.store.run_sync(
             lambda: self.store.store.claim_due(now, limit, skip=left_out,
                                                awaiting_confirmation=confirm))
         return [r.case_id for r in refs]
@@ -143,7 +143,7 @@ class Passes:
                 await trio.sleep(wait)
 
     async def _nap(self, poll_s: float, woken: trio.Event) -> None:
-        next_due = await trio.to_thread.run_sync(self.store.store.next_due)
+        next_due = await self.store.run_sync(self.store.store.next_due)
         wait = poll_s
         if next_due is not None:
             wait = min(wait, max(0.0, next_due - self.clock.now()))

@@ -52,6 +52,7 @@ class PublisherStats:
 async def run_publisher(inbox: trio.MemoryReceiveChannel[PublishMsg], store: Store, *,
                         max_batch: int = 1024, group_commit: bool = True,
                         stats: PublisherStats | None = None,
+                        threads: trio.CapacityLimiter | None = None,
                         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     limit = max_batch if group_commit else 1
     batch: list[PublishMsg] = []
@@ -64,7 +65,7 @@ async def run_publisher(inbox: trio.MemoryReceiveChannel[PublishMsg], store: Sto
                     batch.append(inbox.receive_nowait())
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
-            await _commit(store, batch)
+            await _commit(store, batch, threads)
             if stats is not None:
                 stats.batches += 1
                 stats.requests += len(batch)
@@ -93,11 +94,13 @@ def _fail_unanswered(batch: list[PublishMsg], inbox: trio.MemoryReceiveChannel[P
         msg.done.set()
 
 
-async def _commit(store: Store, batch: list[PublishMsg]) -> None:
+async def _commit(store: Store, batch: list[PublishMsg],
+                  threads: trio.CapacityLimiter | None) -> None:
     requests = [m.request for m in batch]
     with trio.CancelScope(shield=True):
         try:
-            outcomes: list[Outcome] = await trio.to_thread.run_sync(store.commit_batch, requests)
+            outcomes: list[Outcome] = await trio.to_thread.run_sync(store.commit_batch, requests,
+                                                                limiter=threads)
         except StorageError as exc:
             # The transaction rolled back: nothing of this batch was written.
             outcomes = [exc] * len(batch)

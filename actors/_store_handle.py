@@ -6,7 +6,8 @@
         data = await snap.read("case/catalogue.json")
         snap = await snap.publish(change)        # on top of exactly that generation
 
-Reads go to the backend on a worker thread; every write goes through the publisher. A
+Reads go to the backend on a worker thread (at most ``Store.reader_threads`` at once,
+``StoreHandle.run_sync``); every write goes through the publisher. A
 :class:`Snapshot` is one generation as read: its manifest, reads from that generation
 only (by the hashes it lists, so two reads can never see two generations), and
 ``publish`` bound to it as the expected parent.
@@ -51,10 +52,17 @@ T = TypeVar("T")
 
 class StoreHandle:
     def __init__(self, store: Store, send: trio.MemorySendChannel[PublishMsg],
-                 stats: PublisherStats):
+                 stats: PublisherStats, threads: trio.CapacityLimiter):
         self.store = store
         self.stats = stats
         self._send = send
+        self._readers = threads
+
+    async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on a worker thread, among at most the backend's ``reader_threads``:
+        the store's reads and the engine's work on what they read. (Writes and the
+        publisher's commits do not wait here.)"""
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._readers)
 
     @property
     def location(self) -> str:
@@ -98,18 +106,18 @@ class StoreHandle:
             with held:
                 yield
             return
-        await trio.to_thread.run_sync(held.__enter__)
+        await self.run_sync(held.__enter__)
         try:
             yield
         except BaseException as exc:
             with trio.CancelScope(shield=True):
-                swallowed = await trio.to_thread.run_sync(
+                swallowed = await self.run_sync(
                     held.__exit__, type(exc), exc, exc.__traceback__)
             if not swallowed:
                 raise
         else:
             with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(held.__exit__, None, None, None)
+                await self.run_sync(held.__exit__, None, None, None)
 
     async def intake(self, plan: IntakePlan) -> Published:
         """Create a case from a prepared intake, holding its lease while publishing."""
@@ -124,10 +132,10 @@ class StoreHandle:
             return await self.submit(request)
 
     async def case(self, case_id: str) -> CaseRef:
-        return await trio.to_thread.run_sync(self.store.case, case_id)
+        return await self.run_sync(self.store.case, case_id)
 
     async def list_cases(self) -> list[CaseRef]:
-        return await trio.to_thread.run_sync(self.store.list_cases)
+        return await self.run_sync(self.store.list_cases)
 
     async def snapshot(self, case_id: str, generation: int | None = None) -> Snapshot:
         """The head generation of ``case_id`` (or the given one), as one snapshot."""
@@ -136,11 +144,11 @@ class StoreHandle:
             return self.store.manifest(ref.package_id,
                                        ref.generation if generation is None else generation)
 
-        return Snapshot(self, await trio.to_thread.run_sync(read))
+        return Snapshot(self, await self.run_sync(read))
 
     async def head(self, case_id: str) -> tuple[CaseRef, Snapshot]:
         """The case's index row (with its durable status) and its head, read together."""
-        ref, manifest = await trio.to_thread.run_sync(self.store.head, case_id)
+        ref, manifest = await self.run_sync(self.store.head, case_id)
         return ref, Snapshot(self, manifest)
 
     async def head_with(self, case_id: str, work: Callable[[Snapshot], T]
@@ -152,7 +160,7 @@ class StoreHandle:
             snap = Snapshot(self, manifest)
             return ref, snap, work(snap)
 
-        return await trio.to_thread.run_sync(run)
+        return await self.run_sync(run)
 
     def snapshot_of(self, published: Published) -> Snapshot:
         return Snapshot(self, published.manifest)
@@ -164,7 +172,7 @@ class StoreHandle:
         return await (await self.snapshot(case_id, generation)).read(path)
 
     async def read_blob(self, sha256: str) -> bytes:
-        return await trio.to_thread.run_sync(self.store.read_blob, sha256)
+        return await self.run_sync(self.store.read_blob, sha256)
 
 
 @attrs.frozen
@@ -225,11 +233,12 @@ async def open_store(location: str | os.PathLike[str], *, create: bool = True,
                                                                create=create, **kw))
     stats = PublisherStats()
     send, recv = mailbox()
+    threads = trio.CapacityLimiter(store.reader_threads)
     try:
         async with serving(lambda **ts: run_publisher(
-                recv, store, max_batch=max_batch, group_commit=group_commit, stats=stats, **ts),
-                send):
-            yield StoreHandle(store, send, stats)
+                recv, store, max_batch=max_batch, group_commit=group_commit, stats=stats,
+                threads=threads, **ts), send):
+            yield StoreHandle(store, send, stats, threads)
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(store.close)

@@ -104,6 +104,7 @@ class PostgresStore:
 
     kind = "postgresql"
     leases_block = True  # a round trip to the database
+    reader_threads = 8  # each read waits a round trip, without the GIL
     repair_hint = ("Mount the store's own shared blob folder at [store] blob_root, or "
                    "restore the database from a backup")
 

@@ -79,6 +79,10 @@ class Store(Protocol):
     def blob_files(self) -> BlobStorage: ...
     # Whether taking or giving back a lease waits on the network (run it on a thread).
     leases_block: bool
+    # How many worker threads may read at once. Reads that are mostly Python under the GIL
+    # gain nothing from more threads and lose to their contention for it (SQLite: 2);
+    # reads that wait on the network overlap (PostgreSQL).
+    reader_threads: int
     # What to do when index_problems() names something (verify's and gc's hint).
     repair_hint: str
 

@@ -102,6 +102,9 @@ class SqliteStore:
 
     kind = "sqlite"
     leases_block = False  # flock on a local file
+    # 40 threads (trio's default) planning steps at once: 25 ms of CPU per case; 2: 16 ms
+    # (bench/throughput.py, the GIL handed back and forth ~3,800 times per case).
+    reader_threads = 2
     repair_hint = "Restore store.sqlite3 (or the store-id file) from a backup"
 
     def __init__(self, root: Path, *, writable: bool, version: int,

@@ -1,8 +1,8 @@
 """The gateway-pool actor: one round = the providers in configured order, each with bounded
 retries; the answer, or the full record of why none came.
 
-It owns, per provider, one ``httpx.AsyncClient`` with a small connection pool (httpcore gets
-CPU-bound above ~10-20 connections: ARCHITECTURE.md), a ``trio.CapacityLimiter`` of
+It owns, per provider, httpx transports ("shards", each a small connection pool: httpcore gets
+CPU-bound above ~10-20 connections, ARCHITECTURE.md), a ``trio.CapacityLimiter`` of
 ``max_concurrency`` where excess requests queue, and the shared cooldown state. It is the
 only retry owner: adapters never retry. It never sleeps between rounds (the phase schedules
 those) and never writes the store: audit records go back to the caller.
@@ -51,18 +51,31 @@ CLOSE_TIMEOUT_S = 5.0
 
 
 @attrs.define(eq=False)
+class Shard:
+    """One connection pool of a provider: an httpx transport (the pool's own, or the one a
+    test gave, shared by the shards) and the per-request timeouts."""
+
+    transport: httpx.AsyncBaseTransport
+    timeouts: dict[str, float | None]
+    owned: bool
+    is_closed: bool = False
+
+    async def aclose(self) -> None:
+        if not self.is_closed:
+            self.is_closed = True
+            if self.owned:
+                await self.transport.aclose()
+
+
+@attrs.define(eq=False)
 class ProviderState:
     config: ProviderConfig
     limiter: trio.CapacityLimiter
-    shards: list[httpx.AsyncClient]
+    shards: list[Shard]
     secret: str | None
     in_flight: list[int] = attrs.field(factory=list)
     consecutive_unavailable: int = 0
     cooldown_until: float = -math.inf
-
-    @property
-    def client(self) -> httpx.AsyncClient | None:
-        return self.shards[0] if self.shards else None
 
     def pick_shard(self) -> int:
         """The least-loaded client. With the limiter at max_concurrency and each shard
@@ -102,19 +115,21 @@ class GatewayPool:
                                              shards, secret, [0] * len(shards)))
 
     def _client(self, p: ProviderConfig, connections: int,
-                transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            timeout=httpx.Timeout(p.timeout_s, connect=min(self.config.connect_timeout_s,
-                                                          p.timeout_s)),
+                transport: httpx.AsyncBaseTransport | None) -> Shard:
+        timeouts = httpx.Timeout(p.timeout_s, connect=min(self.config.connect_timeout_s,
+                                                          p.timeout_s)).as_dict()
+        if transport is not None:
+            return Shard(transport, timeouts, owned=False)
+        return Shard(httpx.AsyncHTTPTransport(
             limits=httpx.Limits(max_connections=connections,
-                                max_keepalive_connections=connections),
-            follow_redirects=False, trust_env=False, transport=transport)
+                                max_keepalive_connections=connections), trust_env=False),
+            timeouts, owned=True)
 
     async def aclose(self) -> None:
         with trio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
             for state in self.states:
-                for client in state.shards:
-                    await client.aclose()
+                for shard in state.shards:
+                    await shard.aclose()
 
     async def run_round(self, request: RoundRequest) -> RoundOutcome:
         attempts: list[AuditRecord] = []
@@ -182,7 +197,8 @@ class GatewayPool:
             state.in_flight[shard] += 1
             try:
                 with trio.move_on_after(p.timeout_s):
-                    return await http_attempt(state.shards[shard], call, ctx)
+                    one = state.shards[shard]
+                    return await http_attempt(one.transport, call, ctx, one.timeouts)
             finally:
                 state.in_flight[shard] -= 1
         return AttemptResult(make_record(

@@ -277,14 +277,21 @@ class TestCancellation:
         assert len(srv.requests) > 6
 
     async def test_shutdown_closes_clients(self, nursery: trio.Nursery) -> None:
-        """Leaving open_gateway closes every provider client."""
+        """Leaving open_gateway closes every provider connection pool: the server sees
+        its kept-alive connections closed."""
         srv = LoopbackServer()
         await nursery.start(srv.serve)
         async with open_gateway([provider("a", "openai", srv.openai_url)], FAST,
                                 environ=ENV) as gw:
-            await gw.round(request())
-            client = gw.pool.states[0].client
-        assert client is not None and client.is_closed
+            async with trio.open_nursery() as calls:
+                for _ in range(3):
+                    calls.start_soon(gw.round, request())
+            assert srv.open_connections >= 1  # kept alive for the next round
+            shards = gw.pool.states[0].shards
+        assert shards and all(s.is_closed for s in shards)
+        with trio.fail_after(10):  # a guard against a hang, not a timing check
+            await srv.none_open.wait()
+        assert srv.open_connections == 0
 
     async def test_queued_rounds_are_answered_when_the_pool_stops(self) -> None:
         """Rounds still in the mailbox when the actor is cancelled are answered (with

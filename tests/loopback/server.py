@@ -95,6 +95,8 @@ class LoopbackServer:
         self.content_for: Callable[[Received], str | None] | None = None
         self.held = 0
         self.port = 0
+        self.open_connections = 0  # connections the client has not closed yet
+        self.none_open = trio.Event()  # set whenever the last open connection ends
 
     @property
     def openai_url(self) -> str:
@@ -122,6 +124,9 @@ class LoopbackServer:
     async def _connection(self, stream: trio.SocketStream) -> None:
         stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn = h11.Connection(h11.SERVER)
+        self.open_connections += 1
+        if self.none_open.is_set():
+            self.none_open = trio.Event()
         try:
             while True:
                 got = await _read_request(conn, stream)
@@ -153,6 +158,9 @@ class LoopbackServer:
         except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
             return
         finally:
+            self.open_connections -= 1
+            if not self.open_connections:
+                self.none_open.set()
             with trio.move_on_after(1, shield=True):
                 await stream.aclose()
 

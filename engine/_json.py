@@ -26,6 +26,10 @@ from typing import Any
 MAX_DEPTH = 64
 MAX_DIGITS = 40  # larger than any count, size or time Viano reads; smaller than any DoS
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+# Where a parsed string can get a lone surrogate from: a raw one in text given as str
+# (UTF-8 bytes cannot hold one), or a \uD800-\uDFFF escape. A match here (an escaped
+# backslash before "ud8" included) only means the full check runs.
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 class UntrustedJson(ValueError):
@@ -83,8 +87,26 @@ def loads_untrusted(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
                                         f"column {exc.colno})") from exc
     except ValueError as exc:  # anything else the decoder refuses to build
         raise UntrustedJson("not_json", f"not acceptable JSON ({exc})") from exc
-    check_tree(value, max_depth=max_depth)
+    if (text is data and _SURROGATE.search(text)) or _ESCAPED_SURROGATE.search(text):
+        check_tree(value, max_depth=max_depth)
+    elif text.count("[") + text.count("{") > max_depth:  # fewer cannot nest deeper
+        _check_depth(value, max_depth)
     return value
+
+
+def _check_depth(value: Any, max_depth: int) -> None:
+    """check_tree's depth rule alone, over the containers json.loads built (no string
+    can hold a surrogate: the caller looked at the text)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    containers = (dict, list)
+    while stack:
+        item, depth = stack.pop()
+        if depth > max_depth:
+            raise UntrustedJson("too_deep", f"nested deeper than {max_depth} levels")
+        depth += 1
+        for child in item.values() if type(item) is dict else item:
+            if type(child) in containers:
+                stack.append((child, depth))
 
 
 def check_tree(value: Any, *, max_depth: int = MAX_DEPTH) -> None:

@@ -1,0 +1,89 @@
+"""engine._json.loads_untrusted: every refusal class, and its fast paths (the tree walk
+skipped when the text cannot hold a lone surrogate or nest too deep) giving exactly what
+the full check gives."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from engine._json import MAX_DEPTH, UntrustedJson, check_tree, loads_untrusted
+
+
+def _reference(data: bytes | str) -> Any:
+    """The same parse with the full tree check always run (the slow path)."""
+    value = loads_untrusted(data, max_depth=10_000)  # parse rules only
+    check_tree(value, max_depth=MAX_DEPTH)
+    return value
+
+
+def _outcome(fn: Any, data: bytes | str) -> Any:
+    try:
+        return ("ok", fn(data))
+    except UntrustedJson as exc:
+        return ("refused", exc.detail)
+
+
+@pytest.mark.parametrize(("data", "detail"), [
+    (b'{"a": 1, "a": 2}', "duplicate_key"),
+    (b"[NaN]", "invalid_constant"),
+    (b'{"x": Infinity}', "invalid_constant"),
+    (b"[" + b"1" * 41 + b"]", "number_too_large"),
+    (b"[1e400]", "number_too_large"),
+    (b'"\xff"', "not_utf8"),
+    (b"{", "not_json"),
+    (b'{"a": "\\ud800"}', "lone_surrogate"),
+    (b'{"\\udfff": 1}', "lone_surrogate"),            # in a key
+    ('["\ud800"]', "lone_surrogate"),                  # raw, in text given as str
+    (b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1), "too_deep"),
+    (b'{"a":' * (MAX_DEPTH + 1) + b"1" + b"}" * (MAX_DEPTH + 1), "too_deep"),
+    (b"[" * 100_000 + b"]" * 100_000, "too_deep"),     # past Python's recursion limit
+])
+def test_each_refusal_has_its_code(data: bytes | str, detail: str) -> None:
+    with pytest.raises(UntrustedJson) as exc:
+        loads_untrusted(data)
+    assert exc.value.detail == detail
+
+
+@pytest.mark.parametrize("data", [
+    b"[" * MAX_DEPTH + b"]" * MAX_DEPTH,          # exactly at the limit
+    b'"\\ud83d\\ude00"',                          # a surrogate pair is one character
+    b'{"a": "\\\\ud800"}',                        # an escaped backslash, then text
+    '{"a": "caf\u00e9"}',
+])
+def test_what_is_acceptable_is_accepted(data: bytes | str) -> None:
+    assert _outcome(loads_untrusted, data) == _outcome(_reference, data)
+    assert _outcome(loads_untrusted, data)[0] == "ok"
+
+
+def _nest(rng: random.Random, depth: int) -> str:
+    """A document nested exactly ``depth`` levels, mixing objects and lists, with siblings
+    (so bracket counts exceed the depth) and strings that look like brackets."""
+    if depth == 0:
+        return rng.choice(['1', '"x"', '"[{"', '"\\\\ud800"', '"\\u00e9"', 'true', 'null'])
+    inner = _nest(rng, depth - 1)
+    # one level deep, beside an inner value that goes deeper: they never add depth
+    siblings = ["[]", "{}", '"]"', "[1,2]"][: rng.randrange(5) if depth > 1 else 0]
+    if rng.random() < 0.5:
+        return "[" + ",".join([inner, *siblings]) + "]"
+    return "{" + ",".join([f'"k":{inner}', *(f'"s{i}":{x}' for i, x in enumerate(siblings))]
+                          ) + "}"
+
+
+def test_the_fast_paths_agree_with_the_full_check() -> None:
+    """Random documents around the depth limit, with and without lone surrogates,
+    as bytes and as str: the same value or the same refusal as the full tree check."""
+    rng = random.Random(7)
+    for _ in range(400):
+        depth = rng.choice([1, 5, MAX_DEPTH - 2, MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 1,
+                            MAX_DEPTH + 5])
+        text = _nest(rng, depth)
+        lone = rng.random() < 0.2
+        if lone:
+            text = "[" + text + ',"\\udc00"]'  # one level more, and a lone surrogate
+        for data in (text, text.encode()):
+            assert _outcome(loads_untrusted, data) == _outcome(_reference, data), text
+        assert _outcome(loads_untrusted, text)[0] == (
+            "ok" if depth + lone <= MAX_DEPTH and not lone else "refused")

@@ -181,6 +181,37 @@ class TestPreconditions:
             assert (r.status, r.reason) == ("ERROR", "interpretation_mismatch"), r
         assert _calls(server) == 0
 
+    async def test_an_edit_after_a_remembered_check_is_checked_again(
+            self, tmp_path: Path, server: LoopbackServer) -> None:
+        """interpretation_problems is remembered per package by what it read
+        (engine/_phases/_memo.py). Once it passed for this package in this process, a
+        generation that changes nothing it read gets the kept answer, and one that edits
+        a file it read is checked again, not answered from memory."""
+        from engine import PackageView, interpretation_problems
+        from engine._phases._memo import MEMO
+
+        async with services(tmp_path / "s", [http_provider("p", "openai",
+                                                           server.openai_url)]) as sv:
+            await intake_sample(sv.store)
+            await dispatch_phase(sv, INTERPRETATION, "BUG-20", interpretation_request())
+            snap = await sv.store.snapshot("BUG-20")
+
+            def problems(s: Any) -> list[str]:
+                return interpretation_problems(
+                    PackageView(s.manifest, sv.store.store.read_blob), 1)
+
+            assert problems(snap) == []
+            hits = MEMO.hits
+            unrelated = await snap.publish(Change(files={
+                "notes/unrelated.txt": BytesSource.of(b"a note")}))
+            assert problems(unrelated) == [] and MEMO.hits == hits + 1
+            # analysis files are write-once; a raw input added later is what changes here
+            edited = await unrelated.publish(Change(files={
+                "inputs/added-later.txt": BytesSource.of(b"another input")}))
+            found = problems(edited)
+            assert any("raw inputs" in p for p in found), found
+            assert MEMO.hits == hits + 1
+
     async def test_missing_observations(self, tmp_path: Path, server: LoopbackServer) -> None:
         """An interpretation whose grounded statements cite no human source: nothing to
         ground a hypothesis in."""

@@ -28,6 +28,7 @@ from .._text import (
     markdown_inline,
 )
 from ._case import CaseRecord, catalogue_for_prompt, excerpts, human_texts, read_case
+from ._memo import remembered_problems
 from ._protocol import ERROR, DispatchRequest, Refusal, phase_dir
 from ._spec import Accepted, Problem, strict_attrs
 from ._validate import MISSING, Checker
@@ -282,7 +283,15 @@ def render_summary(case_id: str, revision: int, answer: Mapping[str, Any],
 def interpretation_problems(view: PackageView, revision: int) -> list[str]:
     """Every binding of revision ``revision``'s interpretation recomputed against the
     package: the case record, catalogue, inputs, context, policy, the model outcome
-    (including the statements re-derived from the checkpointed answer) and the summary."""
+    (including the statements re-derived from the checkpointed answer) and the summary.
+
+    Every later step of a case asks this again of a generation in which none of those
+    files changed (the hypotheses phase, each of its steps), so the answer is remembered
+    by exactly what it read (``_memo``)."""
+    return remembered_problems(_interpretation_problems, view, revision)
+
+
+def _interpretation_problems(view: PackageView, revision: int) -> list[str]:
     p = artifact_paths(revision)
     try:
         doc = view.read_object(p["interpretation"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import functools
 import json
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -159,6 +160,50 @@ def _swebench(n: int) -> dict[str, str]:
 
 
 @pytest.mark.slow
+class TestWorkerThreads:
+    async def test_reads_never_hold_more_than_the_backends_threads(
+            self, tmp_path: Path, server: LoopbackServer, monkeypatch: pytest.MonkeyPatch
+            ) -> None:
+        """The store's reads and the engine's work on them hold at most
+        ``Store.reader_threads`` worker threads at once, however many cases are in flight
+        (trio's default of 40 threads had the GIL handed back and forth thousands of times
+        per case: bench/throughput.py)."""
+        config = batch_config([http_provider("p", "openai", server.openai_url)])
+        ids = [f"T-{i}" for i in range(24)]
+        async with open_engine(store=tmp_path / "s", config=config, concurrency=16,
+                               environ=ENV) as engine:
+            await intake_many(engine, tmp_path, ids)
+            store = engine.store.store
+            bound = store.reader_threads
+            lock = threading.Lock()
+            enough = threading.Event()  # set once `bound` heads ran together
+            now = peak = 0
+            real = store.head
+
+            def head(case_id: str) -> Any:
+                nonlocal now, peak
+                with lock:
+                    now += 1
+                    peak = max(peak, now)
+                    if now >= bound:
+                        enough.set()
+                try:
+                    # Hold this thread until the others could pile in (a guard, not a
+                    # timing check: if they never come, the peak below says so).
+                    if not enough.wait(timeout=5):
+                        enough.set()
+                    return real(case_id)
+                finally:
+                    with lock:
+                        now -= 1
+
+            monkeypatch.setattr(store, "head", head)
+            results = await engine.run_until_idle()
+        assert sorted(r.case_id for r in results) == sorted(ids)
+        assert {r.result.status for r in results} == {"COMPLETED"}
+        assert bound < 16 and peak == bound
+
+
 class TestAMixedBatch:
     async def test_five_hundred_cases_end_as_their_faults_dictate(
             self, tmp_path: Path, server: LoopbackServer, nursery: trio.Nursery) -> None:

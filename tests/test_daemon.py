@@ -28,11 +28,36 @@ LONG = 3600.0  # provider timeouts far beyond every virtual wait in these tests
 
 
 @pytest.fixture
-def clock() -> trio.testing.MockClock:
-    """Virtual time that jumps only after 20 ms of real idleness: the store works on
-    threads, and a clock that jumped the moment every task waited on one would fire
-    deadlines (a poll, a test's guard) while a publication is still being written."""
-    return trio.testing.MockClock(autojump_threshold=0.02)
+def clock(monkeypatch: pytest.MonkeyPatch) -> trio.testing.MockClock:
+    """Virtual time that jumps after 20 ms of real idleness, but never while a worker
+    thread started by ``trio.to_thread.run_sync`` is still running (or waiting for a
+    token). The store works on threads; a plain autojump clock takes a task waiting on one
+    for idle and jumps to the next deadline: under load, straight to a test's guard
+    (``fail_after``) while a publication is still being written. (MockClock cannot be
+    subclassed; its ``_autojump`` hook, which the run loop calls, is wrapped on the
+    instance.)"""
+    clock = trio.testing.MockClock(autojump_threshold=0.02)
+    jump = clock._autojump
+    assert callable(jump), "trio's MockClock no longer has the _autojump hook used here"
+    threads = 0
+
+    def autojump() -> None:
+        if not threads:
+            jump()
+
+    real = trio.to_thread.run_sync
+
+    async def run_sync(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        nonlocal threads
+        threads += 1
+        try:
+            return await real(fn, *args, **kw)
+        finally:
+            threads -= 1
+
+    monkeypatch.setattr(clock, "_autojump", autojump)
+    monkeypatch.setattr(trio.to_thread, "run_sync", run_sync)
+    return clock
 
 
 async def _serving(nursery: trio.Nursery, tmp: Path, server: LoopbackServer,

@@ -60,8 +60,9 @@ class StoreHandle:
 
     async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on a worker thread, among at most the backend's ``reader_threads``:
-        the store's reads and the engine's work on what they read. (Writes and the
-        publisher's commits do not wait here.)"""
+        the store's reads and the engine's work on what they read. The publisher's commits
+        share the same threads (``open_store``): a commit that waits for one gathers more
+        publications."""
         return await trio.to_thread.run_sync(fn, *args, limiter=self._readers)
 
     @property

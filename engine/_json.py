@@ -66,8 +66,11 @@ def _float(text: str) -> float:
     return value
 
 
-def loads_untrusted(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
+def loads_untrusted(data: bytes | bytearray | memoryview | str, *,
+                    max_depth: int = MAX_DEPTH) -> Any:
     """Parse one JSON document strictly (see the module docstring)."""
+    if isinstance(data, bytearray | memoryview):
+        data = bytes(data)
     if isinstance(data, bytes):
         try:
             text = data.decode("utf-8")

@@ -384,3 +384,35 @@ async def _release_when_closing(srv: LoopbackServer) -> None:
     """Runs once the gateway's block has begun to exit: only then may the held answers go."""
     await trio.testing.wait_all_tasks_blocked()
     srv.release.set()
+
+
+class TestStraightToTheTransport:
+    """The gateway posts to httpx's transport, not through AsyncClient: what the client
+    did that a model call needs is done here, and nothing more."""
+
+    async def test_userinfo_is_basic_auth_and_empty_userinfo_is_nothing(
+            self, nursery: trio.Nursery) -> None:
+        srv = LoopbackServer()
+        await nursery.start(srv.serve)
+        host = srv.openai_url.split("://", 1)[1]
+        for base, expected in ((f"http://u:pw@{host}", "Basic dTpwdw=="),
+                               (f"http://:@{host}", f"Bearer {SECRET}")):
+            async with open_gateway([provider("a", "openai", base)], FAST,
+                                    environ=ENV) as gw:
+                outcome = await gw.round(request())
+            assert outcome.status is RoundStatus.ANSWER, dump(outcome)
+            assert srv.requests[-1].headers["authorization"] == expected
+
+    async def test_a_key_http_cannot_carry_is_a_configuration_failure(
+            self, nursery: trio.Nursery) -> None:
+        """A key pasted with a non-ASCII character: the attempt is provider_configuration
+        (the next provider at once), not an internal error, and the key is in no record."""
+        srv = LoopbackServer()
+        await nursery.start(srv.serve)
+        key = "sk-caf\u00e9-DISTINCTIVE-4242"
+        async with open_gateway([provider("a", "openai", srv.openai_url, retries=2)], FAST,
+                                environ={"VIANO_TEST_KEY": key}) as gw:
+            outcome = await gw.round(request())
+        assert outcome.status is RoundStatus.CONFIGURATION, dump(outcome)
+        assert [a.failure for a in outcome.attempts] == [FailureClass.CONFIGURATION]
+        assert "DISTINCTIVE" not in dump(outcome) and srv.requests == []

@@ -47,6 +47,14 @@ def test_each_refusal_has_its_code(data: bytes | str, detail: str) -> None:
     assert exc.value.detail == detail
 
 
+def test_byte_buffers_are_read_as_bytes() -> None:
+    assert loads_untrusted(bytearray(b'{"a": [1]}')) == {"a": [1]}
+    assert loads_untrusted(memoryview(b"[2]")) == [2]
+    with pytest.raises(UntrustedJson) as exc:
+        loads_untrusted(bytearray(b'["\\ud800"]'))
+    assert exc.value.detail == "lone_surrogate"
+
+
 @pytest.mark.parametrize("data", [
     b"[" * MAX_DEPTH + b"]" * MAX_DEPTH,          # exactly at the limit
     b'"\\ud83d\\ude00"',                          # a surrogate pair is one character

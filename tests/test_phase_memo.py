@@ -4,8 +4,9 @@ every lookup it made gives the same answer there."""
 from __future__ import annotations
 
 import hashlib
+import io
 from collections.abc import Mapping
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -32,12 +33,32 @@ def manifest(gen: int, files: Mapping[str, bytes], pointers: Mapping[str, str] |
         "pointers": dict(pointers or {}), "files": {p: _blob(d) for p, d in files.items()}})
 
 
-def view(m: Manifest, fail: bool = False) -> PackageView:
+def view(m: Manifest, fail: bool = False, fail_open: str = "") -> PackageView:
     def read(sha: str) -> bytes:
         if fail:
             raise VianoError("the disk said no", reason="io_error")
         return BLOBS[sha]
-    return PackageView(m, read)
+
+    class Failing(io.RawIOBase):
+        def readable(self) -> bool:
+            return True
+
+        def seekable(self) -> bool:
+            return True
+
+        def seek(self, offset: int, whence: int = 0) -> int:
+            return 0
+
+        def readinto(self, buffer: Any) -> int:
+            raise VianoError("the stream broke", reason="store_corrupt")
+
+    def open_(sha: str) -> IO[bytes]:
+        if fail_open == "open":
+            raise VianoError("the disk said no", reason="io_error")
+        if fail_open == "read":
+            return io.BufferedReader(Failing())
+        return io.BytesIO(BLOBS[sha])
+    return PackageView(m, read, open_)
 
 
 class Counting:
@@ -129,6 +150,55 @@ def test_a_failed_read_is_not_remembered(memo: _Memo) -> None:
     assert run(memo, check, manifest(1, BASE), fail=True)[0].startswith("unreadable")
     assert run(memo, check, manifest(2, BASE)) == ["A"]  # the disk is back
     assert check.runs == 2
+
+
+@pytest.mark.parametrize("fail_open", ["open", "read"])
+def test_a_failed_stream_is_not_remembered(memo: _Memo, fail_open: str) -> None:
+    """A check that streams a file and turns a failure into a problem: neither a failed
+    open nor a failed read of the stream is kept as its answer."""
+    class Streaming(Counting):
+        def __call__(self, v: PackageView, revision: int) -> list[str]:
+            self.runs += 1
+            try:
+                with v.open("case/a.txt") as f:
+                    f.seek(0)
+                    return [f.read().decode()]
+            except (HistoryProblem, VianoError) as exc:
+                return [f"unreadable: {exc}"]
+
+    check = Streaming()
+    got = memo.run(check, view(manifest(1, BASE), fail_open=fail_open), 1,
+                   freeze=tuple, thaw=list)
+    assert got[0].startswith("unreadable")
+    assert memo.run(check, view(manifest(2, BASE)), 1, freeze=tuple, thaw=list) == ["A"]
+    assert memo.run(check, view(manifest(3, BASE)), 1, freeze=tuple, thaw=list) == ["A"]
+    assert check.runs == 2  # the good answer is kept; the failures were not
+
+
+def test_memory_is_bounded_by_what_the_records_hold(memo: _Memo,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record over MAX_LOOKUPS is not kept (an imported package with thousands of
+    inputs), and the records kept hold at most MAX_TOTAL_LOOKUPS lookups in all, the
+    least recently used dropped first."""
+    from engine._phases import _memo
+
+    monkeypatch.setattr(_memo, "MAX_LOOKUPS", 20)
+    monkeypatch.setattr(_memo, "MAX_TOTAL_LOOKUPS", 12)  # two records of this check's 5
+    check = Counting()
+    many = {**BASE, **{f"inputs/{i:03d}.txt": b"i" for i in range(30)}}
+    run(memo, check, manifest(1, many))
+    run(memo, check, manifest(2, many))
+    assert check.runs == 2 and memo._lookups == 0  # too big to keep
+    run(memo, check, manifest(1, BASE, package_id="p-a"))
+    run(memo, check, manifest(1, BASE, package_id="p-b"))
+    run(memo, check, manifest(2, BASE, package_id="p-a"))  # a hit: p-a is the newest now
+    assert check.runs == 4
+    run(memo, check, manifest(1, BASE, package_id="p-c"))  # over the bound: p-b goes
+    assert 0 < memo._lookups <= 12
+    run(memo, check, manifest(3, BASE, package_id="p-a"))
+    assert check.runs == 5  # p-a was kept
+    run(memo, check, manifest(2, BASE, package_id="p-b"))
+    assert check.runs == 6  # p-b was dropped
 
 
 def test_a_check_that_lists_every_file_is_not_remembered(memo: _Memo) -> None:

@@ -75,7 +75,7 @@ async def http_attempt(transport: httpx.AsyncBaseTransport, call: HttpCall,
     try:
         request = httpx.Request("POST", call.url, headers=call.headers, content=call.body,
                                 extensions={"timeout": dict(timeouts)})
-        if request.url.userinfo:  # as the client does: userinfo in base_url is Basic auth
+        if request.url.username or request.url.password:  # as the client: Basic auth
             request = next(httpx.BasicAuth(request.url.username, request.url.password)
                            .sync_auth_flow(request))
         response = await transport.handle_async_request(request)
@@ -84,7 +84,9 @@ async def http_attempt(transport: httpx.AsyncBaseTransport, call: HttpCall,
             status, headers = response.status_code, dict(response.headers)
         finally:
             await response.aclose()
-    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+    except (httpx.HTTPError, httpx.InvalidURL, UnicodeEncodeError) as exc:
+        # UnicodeEncodeError: a header value (a key pasted with a non-ASCII character)
+        # that HTTP/1.1 cannot carry, a configuration fault (classify_exception).
         return AttemptResult(make_record(
             ctx, call, started, started_at, failure=classify_exception(exc),
             detail=_snake(type(exc).__name__), error=f"{type(exc).__name__}: {exc}"))

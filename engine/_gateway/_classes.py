@@ -42,7 +42,8 @@ def classify_status(status: int) -> FailureClass | None:
 
 
 def classify_exception(exc: BaseException) -> FailureClass:
-    """Transport failures are unavailability; a malformed URL is configuration."""
-    if isinstance(exc, (httpx.UnsupportedProtocol, httpx.InvalidURL)):
+    """Transport failures are unavailability; a malformed URL, or a header value HTTP
+    cannot carry, is configuration."""
+    if isinstance(exc, (httpx.UnsupportedProtocol, httpx.InvalidURL, UnicodeEncodeError)):
         return FailureClass.CONFIGURATION
     return FailureClass.UNAVAILABLE

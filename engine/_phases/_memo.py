@@ -11,18 +11,21 @@ by its sha256, so the same entries mean the same bytes: the check would compute 
 thing. Nothing is assumed about which files a check reads; a check that reads something
 new on a later generation simply misses.
 
-Not kept: a result from a run in which a read of the store failed (that may be transient),
-or one in which the check enumerated the whole file list (the record would be the whole
-manifest). Bounded: ``MAX_KEYS`` (check, arguments, package) most recently used, a few
-records each.
+Not kept: a result from a run in which a read of the store failed (that may be transient:
+the reader, an opened stream and its reads are all watched), one in which the check
+enumerated the whole file list (the record would be the whole manifest), or one whose
+record is over ``MAX_LOOKUPS`` (an imported package with thousands of inputs). Bounded:
+``MAX_KEYS`` (check, arguments, package) most recently used, a few records each, and at
+most ``MAX_TOTAL_LOOKUPS`` lookups kept in all (the paths and entries they hold).
 """
 
 from __future__ import annotations
 
+import io
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TypeVar, cast
+from typing import IO, Any, TypeVar, cast
 
 from .._store import Manifest
 from ._view import PackageView
@@ -30,6 +33,8 @@ from ._view import PackageView
 R = TypeVar("R")
 MAX_KEYS = 1024
 PER_KEY = 4
+MAX_LOOKUPS = 512            # per record
+MAX_TOTAL_LOOKUPS = 200_000  # over every record kept: a few tens of MB at most
 _MISSING = object()
 
 
@@ -43,6 +48,11 @@ class _Record:
         self.fields: dict[str, Any] = {}
         self.failed = False
         self.whole = False
+
+    @property
+    def size(self) -> int:
+        return (len(self.files) + len(self.pointers) + len(self.fields)
+                + sum(1 + len(v) for v in self.under.values()))
 
     def holds_for(self, m: Manifest) -> bool:
         files, pointers = m.files, m.pointers
@@ -111,10 +121,46 @@ class _SeenManifest:
         return value
 
 
+class _Watched(io.RawIOBase):
+    """A stream from the store whose failures mark the record (a transient read error
+    must not be remembered as the check's answer)."""
+
+    def __init__(self, inner: IO[bytes], record: _Record):
+        self._inner, self._record = inner, record
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return self._inner.seekable()
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._inner.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._inner.tell()
+
+    def readinto(self, buffer: Any) -> int:
+        try:
+            data = self._inner.read(len(buffer))
+        except BaseException:
+            self._record.failed = True
+            raise
+        buffer[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        try:
+            self._inner.close()
+        finally:
+            super().close()
+
+
 class _Memo:
     def __init__(self) -> None:
         self._entries: OrderedDict[tuple[Any, ...], list[tuple[_Record, Any]]] = OrderedDict()
         self._lock = threading.Lock()
+        self._lookups = 0  # the size of every record kept
         self.hits = self.misses = 0
 
     def run(self, check: Callable[..., R], view: PackageView, *args: Any,
@@ -126,29 +172,61 @@ class _Memo:
             records = list(self._entries.get(key, ()))
         for record, kept in records:
             if record.holds_for(m):
-                self.hits += 1
+                with self._lock:
+                    self.hits += 1
+                    if key in self._entries:
+                        self._entries.move_to_end(key)
                 return thaw(kept)
-        self.misses += 1
+        with self._lock:
+            self.misses += 1
         record = _Record()
+        seen = PackageView(cast(Manifest, _SeenManifest(m, record)),
+                           self._watched_reader(view, record),
+                           self._watched_opener(view, record))
+        result = check(seen, *args)
+        if not (record.failed or record.whole) and record.size <= MAX_LOOKUPS:
+            self._keep(key, record, freeze(result))
+        return result
 
+    @staticmethod
+    def _watched_reader(view: PackageView, record: _Record) -> Callable[[str], bytes]:
         def reader(sha: str) -> bytes:
             try:
                 return view.reader(sha)
             except BaseException:
                 record.failed = True
                 raise
+        return reader
 
-        seen = PackageView(cast(Manifest, _SeenManifest(m, record)), reader, view.opener)
-        result = check(seen, *args)
-        if not (record.failed or record.whole):
-            with self._lock:
-                kept = self._entries.setdefault(key, [])
-                self._entries.move_to_end(key)
-                kept.insert(0, (record, freeze(result)))
-                del kept[PER_KEY:]
-                while len(self._entries) > MAX_KEYS:
-                    self._entries.popitem(last=False)
-        return result
+    @staticmethod
+    def _watched_opener(view: PackageView, record: _Record
+                        ) -> Callable[[str], IO[bytes]] | None:
+        opener = view.opener
+        if opener is None:
+            return None
+
+        def watched(sha: str) -> IO[bytes]:
+            try:
+                stream = opener(sha)
+            except BaseException:
+                record.failed = True
+                raise
+            return io.BufferedReader(_Watched(stream, record))
+        return watched
+
+    def _keep(self, key: tuple[Any, ...], record: _Record, kept: Any) -> None:
+        with self._lock:
+            records = self._entries.setdefault(key, [])
+            self._entries.move_to_end(key)
+            records.insert(0, (record, kept))
+            self._lookups += record.size
+            for gone, _ in records[PER_KEY:]:
+                self._lookups -= gone.size
+            del records[PER_KEY:]
+            while self._entries and (len(self._entries) > MAX_KEYS
+                                     or self._lookups > MAX_TOTAL_LOOKUPS):
+                _key, dropped = self._entries.popitem(last=False)
+                self._lookups -= sum(r.size for r, _ in dropped)
 
 
 MEMO = _Memo()

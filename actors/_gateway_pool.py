@@ -104,18 +104,18 @@ class GatewayPool:
             self.stats[p.name] = ProviderStats()
             # httpcore's pool scans every connection on every event, so its CPU cost grows
             # with connections x waiters (ARCHITECTURE.md; bench/gateway.py: 128 connections
-            # in one client ran at 0.17x plain httpx). So: at most max_connections per client,
-            # as many clients ("shards") as max_concurrency needs, requests queued in the
+            # in one pool ran at 0.17x plain httpx). So: at most max_connections per pool,
+            # as many pools ("shards") as max_concurrency needs, requests queued in the
             # limiter and sent to the least-loaded shard.
             shards = [] if p.kind == "fixture" else [
-                self._client(p, min(p.max_concurrency, config.max_connections),
-                             (transports or {}).get(p.name))
+                self._shard(p, min(p.max_concurrency, config.max_connections),
+                            (transports or {}).get(p.name))
                 for _ in range(math.ceil(p.max_concurrency / config.max_connections))]
             self.states.append(ProviderState(p, trio.CapacityLimiter(p.max_concurrency),
                                              shards, secret, [0] * len(shards)))
 
-    def _client(self, p: ProviderConfig, connections: int,
-                transport: httpx.AsyncBaseTransport | None) -> Shard:
+    def _shard(self, p: ProviderConfig, connections: int,
+               transport: httpx.AsyncBaseTransport | None) -> Shard:
         timeouts = httpx.Timeout(p.timeout_s, connect=min(self.config.connect_timeout_s,
                                                           p.timeout_s)).as_dict()
         if transport is not None:

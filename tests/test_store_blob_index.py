@@ -148,8 +148,8 @@ def test_an_entry_naming_another_row_is_not_served(tmp_path: Path) -> None:
     store.close()
     keys = _keys(root)
     a, b = sha256_hex(PAYLOADS[0]), sha256_hex(PAYLOADS[1])
+    _remap(root, a, keys[b])
     conn = sqlite3.connect(root / INDEX_NAME)
-    conn.execute("UPDATE keys SET id=? WHERE sha256=?", (keys[b], bytes.fromhex(a)))
     conn.execute("UPDATE state SET value=0 WHERE key='covered'")  # and it is behind
     conn.commit()
     conn.close()

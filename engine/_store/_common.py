@@ -23,9 +23,10 @@ import attrs
 from .._canonical import utc_now_iso
 from .._errors import ChangeRejected, InputRejected, NotFound, StorageError, VianoError
 from ._blobs import input_changed
+from ._crash import crash_point
 from ._manifest import Manifest
-from ._plan import Head, PlanInput
-from ._protocol import BlobStorage, CaseRef
+from ._plan import BatchRows, Head, PlanInput
+from ._protocol import BlobStorage, CaseRef, StoreStats
 from ._requests import CaseStatus, ImportRequest, Outcome, PublishRequest, Request
 from ._sources import BlobSource, read_verified
 
@@ -102,6 +103,25 @@ def guarded(method: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_
 
 
 # -- a batch's blobs ---------------------------------------------------------------------
+
+
+class Committed:
+    """What a backend committed since it opened (``Store.stats``), and the bookkeeping
+    every backend does once a batch's transaction has committed."""
+
+    def __init__(self) -> None:
+        self.transactions = self.requests = self.bytes = 0
+
+    def count(self, requests: int, rows: BatchRows, cache: ManifestCache) -> None:
+        self.transactions += 1
+        self.requests += requests
+        self.bytes += rows.bytes_written
+        crash_point("txn.after_commit")
+        for manifest in rows.new_manifests:
+            cache.put(manifest)
+
+    def stats(self) -> StoreStats:
+        return StoreStats(self.transactions, self.requests, self.bytes)
 
 
 def prepare_blobs(blob_files: BlobStorage, inline_threshold: int, req: Request,

@@ -46,6 +46,7 @@ from ._common import (
     DUE_WHERE,
     INLINE_THRESHOLD,
     REF_COLUMNS,
+    Committed,
     Gate,
     Large,
     ManifestCache,
@@ -128,7 +129,7 @@ class PostgresStore:
         self._local = threading.local()
         self._commit_lock = threading.Lock()
         self._writer: psycopg.Connection[Any] | None = None
-        self._transactions = self._requests = self._bytes = 0
+        self._committed = Committed()
         self.statements = 0  # sent to the server, by every connection: round trips
         self._count_lock = threading.Lock()
         store = self
@@ -267,12 +268,7 @@ class PostgresStore:
             except self._psycopg.OperationalError:
                 conn.close()  # a connection that failed mid-transaction is not reused
                 raise
-        self._transactions += 1
-        self._requests += len(requests)
-        self._bytes += rows.bytes_written
-        crash_point("txn.after_commit")
-        for manifest in rows.new_manifests:
-            self._cache.put(manifest)
+        self._committed.count(len(requests), rows, self._cache)
         return rows.outcomes
 
     def _fence(self, conn: Any, requests: Sequence[Request],
@@ -448,7 +444,7 @@ class PostgresStore:
             return False
 
     def stats(self) -> StoreStats:
-        return StoreStats(self._transactions, self._requests, self._bytes)
+        return self._committed.stats()
 
     # -- reading ---------------------------------------------------------------------
 

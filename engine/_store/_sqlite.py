@@ -44,6 +44,7 @@ from ._common import (
     DUE_WHERE,
     INLINE_THRESHOLD,
     REF_COLUMNS,
+    Committed,
     Gate,
     Large,
     ManifestCache,
@@ -123,7 +124,7 @@ class SqliteStore:
         self._commit_lock = threading.Lock()
         self._checkpointer = Checkpointer(self._connect_writer, self._commit_lock)
         self._cache = ManifestCache()
-        self._transactions = self._requests = self._bytes = 0
+        self._committed = Committed()
         self._gate = Gate(str(root))
 
     # -- opening ---------------------------------------------------------------------
@@ -243,12 +244,7 @@ class SqliteStore:
         except IndexDamaged:
             self._replace_index()  # derived data: rebuilt from the rows, then once more
             rows = self._transaction(requests, refused, inline, large)
-        self._transactions += 1
-        self._requests += len(requests)
-        self._bytes += rows.bytes_written
-        crash_point("txn.after_commit")
-        for manifest in rows.new_manifests:
-            self._cache.put(manifest)
+        self._committed.count(len(requests), rows, self._cache)
         self._checkpointer.committed(rows.bytes_written)
         return rows.outcomes
 
@@ -389,11 +385,11 @@ class SqliteStore:
             return False
 
     def stats(self) -> StoreStats:
-        return StoreStats(self._transactions, self._requests, self._bytes)
+        return self._committed.stats()
 
     @property
     def transactions(self) -> int:
-        return self._transactions
+        return self._committed.transactions
 
     # -- reading ---------------------------------------------------------------------
 

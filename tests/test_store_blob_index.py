@@ -237,6 +237,35 @@ def test_a_migrated_store_reads_and_deduplicates_against_its_old_blobs(
     assert cli("verify", "--store", root).code == 0
 
 
+def test_only_a_store_with_old_blobs_searches_their_table(tmp_path: Path, cli: Cli,
+                                                           sample: Path) -> None:
+    """The version-2 ``blobs`` table is searched for duplicates only where it holds rows (a
+    migrated store, above); nothing of version 3 adds to it, so a new store skips it. The
+    skip is seen in the SQL the writer runs, and the migrated store's still searches."""
+    import zipfile
+
+    fresh = _store(tmp_path / "fresh")
+    old = tmp_path / "v1"
+    with zipfile.ZipFile(Path(__file__).with_name("fixtures") / "store-v1.zip") as zf:
+        zf.extractall(old)
+    assert cli("intake", "--store", old, "--report", sample / "report.json", "--case-id",
+               "AGAIN-2").code == 0
+    migrated = _store(old)
+    try:
+        for store, searched in ((fresh, False), (migrated, True)):
+            statements: list[str] = []
+            store.writer.set_trace_callback(statements.append)
+            _publish(store, "TRACED-1", [b"traced once", b"traced twice"])
+            store.writer.set_trace_callback(None)
+            assert any("INTO blob_rows" in s for s in statements)  # the trace saw the write
+            assert any(" FROM blobs " in s for s in statements) is searched
+            _publish(store, "TRACED-2", [b"traced once"])  # a duplicate adds no row
+        assert len(_rows(tmp_path / "fresh")) == 2
+    finally:
+        fresh.close()
+        migrated.close()
+
+
 def _remap(root: Path, key: str, to_id: int) -> None:
     conn = sqlite3.connect(root / INDEX_NAME)
     conn.execute("UPDATE keys SET id=? WHERE sha256=?", (to_id, bytes.fromhex(key)))

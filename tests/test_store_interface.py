@@ -13,6 +13,7 @@ import trio
 from actors import open_store
 from engine import (
     BytesSource,
+    CaseExists,
     CaseStatus,
     Change,
     ChangeRejected,
@@ -140,6 +141,26 @@ class TestPlanIsPure:
         source = Path(plan.__file__).read_text()
         for word in ("sqlite3", "open(", "Path(", "os."):
             assert word not in source, word
+
+
+def test_a_new_package_cannot_take_a_case_the_same_batch_publishes_to(
+        tmp_path: Path) -> None:
+    """A case's owner is looked up only for requests that create a package; a request in
+    the same batch that publishes to the owner's package must not hide it."""
+    store = open_rw(tmp_path / "s")
+    try:
+        first = create("OWNED-1")
+        [made] = store.commit_batch([first])
+        assert not isinstance(made, Exception), made
+        onto = PublishRequest(first.package_id, "OWNED-1", made.generation,
+                              Change(files={"work/w.txt": BytesSource.of(b"w")}))
+        taker = create("OWNED-1")
+        outs = store.commit_batch([onto, taker])
+        assert not isinstance(outs[0], Exception), outs[0]
+        assert isinstance(outs[1], CaseExists)
+        assert store.case("OWNED-1").generation == made.generation + 1
+    finally:
+        store.close()
 
 
 def test_trio_cancellation_does_not_tear_a_status(tmp_path: Path) -> None:

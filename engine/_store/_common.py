@@ -251,8 +251,9 @@ def stored_status(*values: Any) -> CaseStatus:
     damaged row must still list (verify names it, see ``status_problem``), never make every
     read of the index refuse. Statuses are immutable, so one is shared by the rows that
     hold the same values (most cases of a batch are READY at the same phase)."""
-    if any(isinstance(v, (str, bytes)) and len(v) > _SHARED_TEXT for v in values):
-        return _status_of(*values)
+    for v in values:  # a loop: any() over a generator was a tenth of reading a head
+        if isinstance(v, (str, bytes)) and len(v) > _SHARED_TEXT:
+            return _status_of(*values)
     return _shared_status(*values)
 
 
@@ -279,13 +280,22 @@ def status_problem(status: CaseStatus) -> str | None:
 
 
 def ref_from_row(row: Sequence[Any]) -> CaseRef:
-    status = None
+    """A row of ``REF_COLUMNS`` (or of its first six, from a version-1 store)."""
+    return CaseRef(row[0], row[1], row[2], row[3], row[4], row[5], _row_status(row))
+
+
+def head_from_row(row: Sequence[Any]) -> Head:
+    """What batch planning needs of a row of ``REF_COLUMNS``: no ``CaseRef`` is built."""
+    return Head(row[0], row[2], _row_status(row))
+
+
+def _row_status(row: Sequence[Any]) -> CaseStatus | None:
     if len(row) > 6 and row[6] is not None:
-        status = stored_status(row[6], row[7], row[8], row[9], row[10],
-                               None if row[11] is None else float(row[11]), row[12], row[13])
-    elif len(row) == 6:
-        status = CaseStatus(status="READY", phase=row[3])  # a version-1 store: at intake
-    return CaseRef(row[0], row[1], row[2], row[3], row[4], row[5], status)
+        return stored_status(row[6], row[7], row[8], row[9], row[10],
+                             None if row[11] is None else float(row[11]), row[12], row[13])
+    if len(row) == 6:
+        return CaseStatus(status="READY", phase=row[3])  # a version-1 store: at intake
+    return None
 
 
 def ref_row(pkg: str, case: str, gen: int, phase: str, revision: int, updated: str,

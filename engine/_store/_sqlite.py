@@ -52,6 +52,7 @@ from ._common import (
     chunks,
     commit_each_alone,
     guarded,
+    head_from_row,
     parse_stored_manifest,
     plan_input,
     prepare_blobs,
@@ -73,6 +74,7 @@ from ._sqlite_index import (
     attach_for_writing,
     discard,
     find,
+    has_legacy_blobs,
     write_blobs,
 )
 from ._sqlite_schema import CURRENT_VERSION, create_current, migrate, parse_version
@@ -121,6 +123,7 @@ class SqliteStore:
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
         self._writer: sqlite3.Connection | None = None
+        self._legacy_blobs: bool | None = None  # does the version-2 blobs table hold rows?
         self._commit_lock = threading.Lock()
         self._checkpointer = Checkpointer(self._connect_writer, self._commit_lock)
         self._cache = ManifestCache()
@@ -278,15 +281,16 @@ class SqliteStore:
     def _plan_input(self, conn: sqlite3.Connection, requests: Sequence[Request],
                     refused: list[VianoError | None], inline: dict[str, bytes]) -> PlanInput:
         pkgs = sorted({r.package_id for r in requests})
-        cases = sorted({r.case_id for r in requests})
         heads: dict[str, Head] = {}
         owners: dict[str, str] = {}
         for chunk in chunks(pkgs, 500):
             marks = ",".join("?" * len(chunk))
             for row in conn.execute(f"SELECT {REF_COLUMNS} FROM refs WHERE package_id IN "
                                     f"({marks})", chunk):
-                ref = ref_from_row(row)
-                heads[ref.package_id] = Head(ref.case_id, ref.generation, ref.status)
+                heads[row[1]] = head_from_row(row)
+        # Who owns a case matters only to a request whose package has no head (a new
+        # package must not take a case another package holds): look up only those.
+        cases = sorted({r.case_id for r in requests if r.package_id not in heads})
         for chunk in chunks(cases, 500):
             marks = ",".join("?" * len(chunk))
             for case, pkg in conn.execute(
@@ -299,7 +303,10 @@ class SqliteStore:
                               "ORDER BY generation", (pkg,))])
 
     def _write(self, conn: sqlite3.Connection, rows: BatchRows) -> None:
-        write_blobs(conn, rows.blobs)  # a writer is always at the current version
+        if self._legacy_blobs is None:
+            self._legacy_blobs = has_legacy_blobs(conn)
+        # A writer is always at the current version.
+        write_blobs(conn, rows.blobs, legacy=self._legacy_blobs)
         conn.executemany(
             "INSERT INTO generations (package_id, generation, parent, manifest_sha256, "
             "manifest, phase, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)", rows.generations)

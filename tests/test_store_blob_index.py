@@ -266,6 +266,37 @@ def test_only_a_store_with_old_blobs_searches_their_table(tmp_path: Path, cli: C
         migrated.close()
 
 
+def test_a_new_store_has_small_pages_and_an_old_one_keeps_its_own(tmp_path: Path,
+                                                                   cli: Cli) -> None:
+    """The page size is chosen when a store is made (16 KiB, see PAGE_SIZE); a store made
+    with 32 KiB pages (the version-1 fixture) is written, read and verified with them."""
+    import zipfile
+
+    from engine._store._sqlite import PAGE_SIZE
+
+    def page_size(root: Path) -> int:
+        conn = sqlite3.connect(root / "store.sqlite3")
+        try:
+            return int(conn.execute("PRAGMA page_size").fetchone()[0])
+        finally:
+            conn.close()
+
+    store = _store(tmp_path / "new")
+    _publish(store, "PAGES-1", PAYLOADS)
+    store.close()
+    assert page_size(tmp_path / "new") == PAGE_SIZE == 16384
+    old = tmp_path / "old"
+    with zipfile.ZipFile(Path(__file__).with_name("fixtures") / "store-v1.zip") as zf:
+        zf.extractall(old)
+    assert page_size(old) == 32768
+    store = _store(old)
+    _publish(store, "PAGES-2", LATER)
+    store.close()
+    assert page_size(old) == 32768
+    _all_readable(old, LATER)
+    assert cli("verify", "--store", old).code == 0
+
+
 def _remap(root: Path, key: str, to_id: int) -> None:
     conn = sqlite3.connect(root / INDEX_NAME)
     conn.execute("UPDATE keys SET id=? WHERE sha256=?", (to_id, bytes.fromhex(key)))

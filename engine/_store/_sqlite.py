@@ -80,9 +80,9 @@ from ._sqlite_index import (
 from ._sqlite_schema import CURRENT_VERSION, create_current, migrate, parse_version
 from ._wal import Checkpointer
 
-PAGE_SIZE = 32 * 1024
+PAGE_SIZE = 16 * 1024  # of a new store; one made with 32 KiB pages (before) keeps them
 WAL_SIZE_LIMIT = 64 * 1024 * 1024
-CACHE_KIB = 65536  # the writer's; the 2 MiB default holds only 62 pages of 32 KiB
+CACHE_KIB = 65536  # the writer's; the 2 MiB default holds only 125 pages of 16 KiB
 # Each worker thread has its own reader connection, and a process may run dozens of
 # threads: 64 MiB each grew a 512-case batch to 600 MB (bench/throughput.py). Readers get
 # a small cache; the OS page cache already holds what they read.
@@ -737,9 +737,13 @@ def _connect(path: Path, *, writer: bool) -> sqlite3.Connection:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
                                timeout=30.0)
         if writer:
-            # Takes effect only when the database is created. 32 KiB pages hold a whole
-            # 2-8 KiB blob without overflow chains: 1.7x the publication rate of 4 KiB
-            # pages in bench/store.py (medians of 3, see the README).
+            # Takes effect only when the database is created. 16 KiB: each package a
+            # group commit publishes inserts at its own leaf of the generations index,
+            # so once that index outgrows a batch every publication dirties a whole page;
+            # with 32 KiB pages the rate fell to 0.68-0.79x its start by 4 GB, with
+            # 16 KiB it held 0.85-0.99x (bench/store_sustained.py, see the README). The
+            # blob rows are appended either way (format 3), so small pages cost them
+            # only space: ~9% more file for 2-8 KiB blobs than 32 KiB pages.
             conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")

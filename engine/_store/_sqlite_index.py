@@ -1,9 +1,9 @@
 """The SQLite store's blob index: sha256 → row id, in a side file with small pages.
 
 Why a second file: a group commit inserts a few hundred random sha256 keys. In the store's
-own file (32 KiB pages, which suit the inline blobs) every insert dirtied its own index leaf
-once the index outgrew a batch, so at 10 GB a publication wrote ~115 KiB of WAL for ~17 KiB
-of data, and the publication rate fell to 0.60× its start (bench/store_sustained.py). The
+own file (32 KiB pages then; 16 KiB in stores made since) every insert dirtied its own index
+leaf once the index outgrew a batch, so at 10 GB a publication wrote ~115 KiB of WAL for
+~17 KiB of data, and the publication rate fell to 0.60× its start (bench/store_sustained.py). The
 data now goes to ``blob_rows``, appended by integer id and indexed by nothing there; the
 index is ``keys (sha256, id)`` in ``blob-index.sqlite3`` with 1 KiB pages.
 

@@ -81,7 +81,7 @@ from ._sqlite_schema import CURRENT_VERSION, create_current, migrate, parse_vers
 from ._wal import Checkpointer
 
 PAGE_SIZE = 16 * 1024  # of a new store; one made with 32 KiB pages (before) keeps them
-WAL_SIZE_LIMIT = 64 * 1024 * 1024
+WAL_SIZE_LIMIT = 256 * 1024 * 1024  # as _wal.WAL_RESTART_BYTES: what a restart truncates to
 CACHE_KIB = 65536  # the writer's; the 2 MiB default holds only 125 pages of 16 KiB
 # Each worker thread has its own reader connection, and a process may run dozens of
 # threads: 64 MiB each grew a 512-case batch to 600 MB (bench/throughput.py). Readers get

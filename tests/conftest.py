@@ -165,8 +165,9 @@ def pg_server() -> Iterator[str]:
     """The URL of the session's PostgreSQL server (its admin database)."""
     import tempfile
 
+    made_xdg = None
     if not os.environ.get("XDG_RUNTIME_DIR"):  # platformdirs (pgserver) warns without one
-        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="vxdg-")
+        made_xdg = os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="vxdg-")
     pgserver = pytest.importorskip("pgserver")
     folder = tempfile.mkdtemp(prefix="vpg-", dir="/tmp")  # short: a Unix socket path
     server = pgserver.get_server(folder, cleanup_mode="stop")
@@ -178,6 +179,8 @@ def pg_server() -> Iterator[str]:
         yield str(server.get_uri())
     finally:
         _discard_server(server, folder)
+        if made_xdg is not None:
+            shutil.rmtree(made_xdg, ignore_errors=True)
 
 
 def _discard_server(server: Any, folder: str) -> None:
@@ -185,17 +188,17 @@ def _discard_server(server: Any, folder: str) -> None:
     a shutdown checkpoint (``immediate``), and its folder (a few GB: every test database)
     is deleted by a process the session does not wait for. pgserver's own cleanup (a fast
     shutdown, then a synchronous delete) took 25-45 s at the end of every run."""
-    from pgserver._commands import pg_ctl
+    with contextlib.suppress(Exception):  # pg_ctl is pgserver's own, not public: if it
+        from pgserver._commands import pg_ctl  # moves, cleanup() below stops the server
 
-    with contextlib.suppress(Exception):
         pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=server.pgdata,
                user=server.system_user)
-    with contextlib.suppress(Exception):
         server.get_postmaster_info().process.wait(10)
     server.cleanup()  # "stop" mode: it finds the server stopped and deletes nothing
-    # sh puts rm in the background and exits: nothing of this session waits for the delete.
-    subprocess.run(["sh", "-c", 'rm -rf -- "$1" </dev/null >/dev/null 2>&1 &', "sh", folder],
-                   check=False)
+    # sh starts rm in a session of its own (a kill of pytest's process group does not stop
+    # it half way) and exits: nothing of this session waits for the delete.
+    subprocess.run(["sh", "-c", 'setsid rm -rf -- "$1" </dev/null >/dev/null 2>&1 &', "sh",
+                    folder], check=False)
 
 
 class PgDatabases:

@@ -15,12 +15,14 @@ import trio
 from actors import PublishMsg, mailbox, open_store, run_publisher
 from engine import (
     BytesSource,
+    CaseStatus,
     Change,
     Outcome,
     Published,
     PublishRequest,
     Request,
     SimulatedCrash,
+    StatusRequest,
     StorageError,
     arm_crash_point,
     new_package_id,
@@ -224,6 +226,28 @@ class TestWalUpkeep:
             store._checkpointer.settle()
         assert store.writer.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
         assert 2 <= store._checkpointer.passes <= 5
+        store.close()
+
+    async def test_status_changes_alone_still_bring_checkpoints(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A batch of status changes writes no blob and no manifest, but its case rows fill
+        the WAL all the same: it counts toward the next checkpoint (it counted nothing, so a
+        workload of status changes grew the WAL with none)."""
+        import engine._store._wal as wal
+
+        store = open_rw(tmp_path / "s")
+        made = [store.commit_batch([create(f"S-{i}")])[0] for i in range(20)]
+        store._checkpointer.settle()
+        monkeypatch.setattr(wal, "CHECKPOINT_BYTES", 50_000)
+        before = store._checkpointer.passes
+        for round_ in range(5):
+            outs = store.commit_batch([
+                StatusRequest(p.package_id, p.case_id, p.generation, CaseStatus(
+                    status="BLOCKED", phase="INTAKE", reason=f"round_{round_}"))
+                for p in made if isinstance(p, Published)])
+            assert all(isinstance(o, Published) for o in outs), outs
+            store._checkpointer.settle()
+        assert store._checkpointer.passes - before >= 2  # 100 rows: ~400 KB of WAL
         store.close()
 
     async def test_wal_is_restarted_under_continuous_writes(

@@ -17,6 +17,8 @@ from engine import (
     CaseStatus,
     Change,
     ChangeRejected,
+    ImportRejected,
+    ImportRequest,
     Manifest,
     PlanInput,
     Published,
@@ -159,6 +161,33 @@ def test_a_new_package_cannot_take_a_case_the_same_batch_publishes_to(
         assert not isinstance(outs[0], Exception), outs[0]
         assert isinstance(outs[1], CaseExists)
         assert store.case("OWNED-1").generation == made.generation + 1
+    finally:
+        store.close()
+
+
+def test_an_import_is_what_its_manifests_bytes_say(tmp_path: Path) -> None:
+    """``Manifest`` and ``ImportRequest`` can be built by hand (the embedding API): an
+    imported manifest whose fields are not those of its own bytes, or whose bytes no parse
+    accepts, is refused; the genuine one is imported, and later publications build on it."""
+    import attrs as attrs_
+
+    payload = BytesSource.of(b"imported")
+    good = build_manifest(None, "pkg-imported", "IMP-1", Change(
+        files={"inputs/a.txt": payload}, phase="INTAKE"), "2026-12-01T00:00:00Z")
+    forged = attrs_.evolve(good, package_id="../bad id")  # raw still says pkg-imported
+    store = open_rw(tmp_path / "s")
+    try:
+        for bad in (forged, attrs_.evolve(good, phase="HYPOTHESES"),
+                    attrs_.evolve(good, raw=good.raw.replace(b"pkg-imported", b"../bad id!"))):
+            [out] = store.commit_batch([ImportRequest(
+                bad.package_id, "IMP-1", (bad,), {payload.sha256: payload})])
+            assert isinstance(out, ImportRejected), out
+        [out] = store.commit_batch([ImportRequest(
+            "pkg-imported", "IMP-1", (good,), {payload.sha256: payload})])
+        assert isinstance(out, Published), out
+        [nxt] = store.commit_batch([PublishRequest("pkg-imported", "IMP-1", 1, Change(
+            files={"work/w.txt": BytesSource.of(b"w")}))])
+        assert isinstance(nxt, Published) and nxt.generation == 2, nxt
     finally:
         store.close()
 

@@ -296,14 +296,11 @@ def build_manifest(parent: Manifest | None, package_id: str, case_id: str, chang
     what is new is checked here — the parent passed these checks when it was made or read,
     and the change's paths when it was built — which keeps a publication cheap (checking
     every path of every manifest again was a third of the publisher's CPU)."""
+    if not isinstance(package_id, str) or PACKAGE_ID.fullmatch(package_id) is None:
+        raise ChangeRejected(f"package id {package_id!r} is not valid")
     if parent is None:
-        if not isinstance(package_id, str) or PACKAGE_ID.fullmatch(package_id) is None:
-            raise ChangeRejected(f"package id {package_id!r} is not valid")
         validate_case_id(case_id)
-    elif (parent.package_id, parent.case_id) != (package_id, case_id) or \
-            type(package_id) is not str or type(case_id) is not str:
-        # The parent's ids passed these checks when it was made or read: equal (and of
-        # the same type) is valid.
+    elif (parent.package_id, parent.case_id) != (package_id, case_id):
         raise ChangeRejected("package id or case id differs from the parent's")
     # A mapping proxy's copy() is its dict's copy(); dict(proxy) goes key by key (it was
     # a tenth of the publisher's CPU).

@@ -21,7 +21,14 @@ from typing import NamedTuple
 
 import attrs
 
-from .._errors import CaseExists, ImportRejected, StaleGeneration, StorageError, VianoError
+from .._errors import (
+    CaseExists,
+    ChangeRejected,
+    ImportRejected,
+    StaleGeneration,
+    StorageError,
+    VianoError,
+)
 from ._manifest import Manifest, build_manifest, successor_violations
 from ._requests import (
     CaseStatus,
@@ -206,7 +213,8 @@ class _Planner:
                                       f"store from generation {gen} on; nothing imported")
         parent = self.parents.get(req.package_id) if have else None
         staged = _Staged(keep_status=False)
-        for manifest in theirs[have:]:
+        for given in theirs[have:]:
+            manifest = _as_parsed(given, req.case_id)
             problems = successor_violations(parent, manifest)
             if problems or (manifest.package_id, manifest.case_id) != (req.package_id,
                                                                        req.case_id):
@@ -250,6 +258,21 @@ class _Planner:
                 manifest.analysis_revision, self.data.now, status)
         return Published(req.package_id, req.case_id, manifest.package_generation, manifest,
                          status)
+
+
+def _as_parsed(manifest: Manifest, case_id: str) -> Manifest:
+    """An imported manifest as its own bytes say, with every check of a parse: a
+    ``Manifest`` can be built by hand (the embedding API), with fields its ``raw`` does not
+    hold or ids no parse accepts; what is stored is ``raw``, so ``raw`` decides."""
+    try:
+        parsed = Manifest.parse(manifest.raw, manifest.sha256)
+    except (ChangeRejected, TypeError, ValueError) as exc:
+        raise ImportRejected(f"generation {manifest.package_generation!r} of case "
+                             f"{case_id!r} is not a valid manifest: {exc}") from exc
+    if parsed != manifest:
+        raise ImportRejected(f"generation {manifest.package_generation!r} of case "
+                             f"{case_id!r}: its fields differ from its own bytes")
+    return parsed
 
 
 def plan_batch(data: PlanInput) -> BatchRows:

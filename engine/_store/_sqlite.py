@@ -78,10 +78,14 @@ from ._sqlite_index import (
     write_blobs,
 )
 from ._sqlite_schema import CURRENT_VERSION, create_current, migrate, parse_version
-from ._wal import Checkpointer
+from ._wal import WAL_RESTART_BYTES, Checkpointer
 
 PAGE_SIZE = 16 * 1024  # of a new store; one made with 32 KiB pages (before) keeps them
-WAL_SIZE_LIMIT = 256 * 1024 * 1024  # as _wal.WAL_RESTART_BYTES: what a restart truncates to
+WAL_SIZE_LIMIT = WAL_RESTART_BYTES  # what the WAL file is truncated to after a restart
+# What a commit counts toward the next checkpoint besides its blob and manifest bytes: each
+# case row it rewrites dirties at least a page (a batch of status changes alone writes no
+# blob, and counted as nothing its WAL grew without a checkpoint).
+ROW_WAL_BYTES = 4096
 CACHE_KIB = 65536  # the writer's; the 2 MiB default holds only 125 pages of 16 KiB
 # Each worker thread has its own reader connection, and a process may run dozens of
 # threads: 64 MiB each grew a 512-case batch to 600 MB (bench/throughput.py). Readers get
@@ -248,7 +252,7 @@ class SqliteStore:
             self._replace_index()  # derived data: rebuilt from the rows, then once more
             rows = self._transaction(requests, refused, inline, large)
         self._committed.count(len(requests), rows, self._cache)
-        self._checkpointer.committed(rows.bytes_written)
+        self._checkpointer.committed(rows.bytes_written + ROW_WAL_BYTES * len(rows.refs))
         return rows.outcomes
 
     def _transaction(self, requests: Sequence[Request], refused: list[VianoError | None],

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,12 @@ def _all_readable(root: Path, payloads: list[bytes]) -> None:
             assert ro.read_blob(sha256_hex(p)) == p
     finally:
         ro.close()
+
+
+def _v1_store(root: Path) -> None:
+    """A store written by the landed version-1 code (tests/fixtures), at ``root``."""
+    with zipfile.ZipFile(Path(__file__).with_name("fixtures") / "store-v1.zip") as zf:
+        zf.extractall(root)
 
 
 PAYLOADS = [b"first %d" % i for i in range(5)]
@@ -214,11 +221,8 @@ def test_a_migrated_store_reads_and_deduplicates_against_its_old_blobs(
     """A version-1 store (the landed code's, tests/fixtures) keeps its ``blobs`` table: the
     migration copies nothing, old blobs are read from it, and the same bytes again are
     not stored a second time in ``blob_rows``."""
-    import zipfile
-
     root = tmp_path / "v1"
-    with zipfile.ZipFile(Path(__file__).with_name("fixtures") / "store-v1.zip") as zf:
-        zf.extractall(root)
+    _v1_store(root)
     assert cli("intake", "--store", root, "--report", sample / "report.json", "--case-id",
                "AGAIN-1").code == 0
     conn = sqlite3.connect(root / "store.sqlite3")
@@ -242,12 +246,9 @@ def test_only_a_store_with_old_blobs_searches_their_table(tmp_path: Path, cli: C
     """The version-2 ``blobs`` table is searched for duplicates only where it holds rows (a
     migrated store, above); nothing of version 3 adds to it, so a new store skips it. The
     skip is seen in the SQL the writer runs, and the migrated store's still searches."""
-    import zipfile
-
     fresh = _store(tmp_path / "fresh")
     old = tmp_path / "v1"
-    with zipfile.ZipFile(Path(__file__).with_name("fixtures") / "store-v1.zip") as zf:
-        zf.extractall(old)
+    _v1_store(old)
     assert cli("intake", "--store", old, "--report", sample / "report.json", "--case-id",
                "AGAIN-2").code == 0
     migrated = _store(old)
@@ -270,8 +271,6 @@ def test_a_new_store_has_small_pages_and_an_old_one_keeps_its_own(tmp_path: Path
                                                                    cli: Cli) -> None:
     """The page size is chosen when a store is made (16 KiB, see PAGE_SIZE); a store made
     with 32 KiB pages (the version-1 fixture) is written, read and verified with them."""
-    import zipfile
-
     from engine._store._sqlite import PAGE_SIZE
 
     def page_size(root: Path) -> int:
@@ -286,8 +285,7 @@ def test_a_new_store_has_small_pages_and_an_old_one_keeps_its_own(tmp_path: Path
     store.close()
     assert page_size(tmp_path / "new") == PAGE_SIZE == 16384
     old = tmp_path / "old"
-    with zipfile.ZipFile(Path(__file__).with_name("fixtures") / "store-v1.zip") as zf:
-        zf.extractall(old)
+    _v1_store(old)
     assert page_size(old) == 32768
     store = _store(old)
     _publish(store, "PAGES-2", LATER)

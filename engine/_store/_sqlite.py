@@ -310,7 +310,7 @@ class SqliteStore:
         if self._legacy_blobs is None:
             self._legacy_blobs = has_legacy_blobs(conn)
         # A writer is always at the current version.
-        write_blobs(conn, rows.blobs, legacy=self._legacy_blobs)
+        write_blobs(conn, rows.blobs, search_legacy=self._legacy_blobs)
         conn.executemany(
             "INSERT INTO generations (package_id, generation, parent, manifest_sha256, "
             "manifest, phase, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)", rows.generations)
@@ -744,8 +744,8 @@ def _connect(path: Path, *, writer: bool) -> sqlite3.Connection:
             # Takes effect only when the database is created. 16 KiB: each package a
             # group commit publishes inserts at its own leaf of the generations index,
             # so once that index outgrows a batch every publication dirties a whole page;
-            # with 32 KiB pages the rate fell to 0.68-0.79x its start by 4 GB, with
-            # 16 KiB it held 0.85-0.99x (bench/store_sustained.py, see the README). The
+            # with 32 KiB pages it wrote 94-95 KiB per publication at 4 GB, with 16 KiB
+            # 77-78 (bench/store_sustained.py, see the README). The
             # blob rows are appended either way (format 3), so small pages cost them
             # only space: ~9% more file for 2-8 KiB blobs than 32 KiB pages.
             conn.execute(f"PRAGMA page_size={PAGE_SIZE}")

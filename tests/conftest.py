@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -195,6 +196,8 @@ def _discard_server(server: Any, folder: str) -> None:
                user=server.system_user)
         server.get_postmaster_info().process.wait(10)
     server.cleanup()  # "stop" mode: it finds the server stopped and deletes nothing
+    # In "stop" mode pgserver keeps its exit hook, which would make the XDG folder again.
+    atexit.unregister(getattr(server, "_cleanup", lambda: None))
     # sh starts rm in a session of its own (a kill of pytest's process group does not stop
     # it half way) and exits: nothing of this session waits for the delete.
     subprocess.run(["sh", "-c", 'setsid rm -rf -- "$1" </dev/null >/dev/null 2>&1 &', "sh",

@@ -2,8 +2,8 @@
 
 Callers put :class:`PublishMsg` in its mailbox and wait on the message's event. The actor
 takes everything waiting in the mailbox (up to ``max_batch``) and commits it in one
-transaction on its worker thread (group commit), then answers each caller. The commit runs
-under a shield and ``to_thread.run_sync`` is never abandoned, so a started transaction ends
+transaction on a worker thread (group commit), then answers each caller. The commit runs
+under a shield and its worker-thread hop is never abandoned, so a started transaction ends
 committed or rolled back, never half done, whatever is cancelled meanwhile. A caller
 cancelled while waiting does not un-send its request: it may still commit, in full.
 
@@ -22,6 +22,8 @@ import attrs
 import trio
 
 from engine import Outcome, Request, StorageError, Store
+
+from ._workers import Workers
 
 log = logging.getLogger("viano.publisher")
 
@@ -52,7 +54,7 @@ class PublisherStats:
 async def run_publisher(inbox: trio.MemoryReceiveChannel[PublishMsg], store: Store, *,
                         max_batch: int = 1024, group_commit: bool = True,
                         stats: PublisherStats | None = None,
-                        threads: trio.CapacityLimiter | None = None,
+                        threads: Workers | None = None,
                         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     limit = max_batch if group_commit else 1
     batch: list[PublishMsg] = []
@@ -95,12 +97,14 @@ def _fail_unanswered(batch: list[PublishMsg], inbox: trio.MemoryReceiveChannel[P
 
 
 async def _commit(store: Store, batch: list[PublishMsg],
-                  threads: trio.CapacityLimiter | None) -> None:
+                  threads: Workers | None) -> None:
     requests = [m.request for m in batch]
     with trio.CancelScope(shield=True):
         try:
-            outcomes: list[Outcome] = await trio.to_thread.run_sync(store.commit_batch, requests,
-                                                                limiter=threads)
+            # Never abandoned, either way: a started transaction ends.
+            outcomes: list[Outcome] = await (
+                threads.run(store.commit_batch, requests) if threads is not None
+                else trio.to_thread.run_sync(store.commit_batch, requests))
         except StorageError as exc:
             # The transaction rolled back: nothing of this batch was written.
             outcomes = [exc] * len(batch)

@@ -6,8 +6,8 @@
         data = await snap.read("case/catalogue.json")
         snap = await snap.publish(change)        # on top of exactly that generation
 
-Reads go to the backend on a worker thread (at most ``Store.reader_threads`` at once,
-``StoreHandle.run_sync``); every write goes through the publisher. A
+Reads go to the backend on one of ``Store.reader_threads`` worker threads
+(``StoreHandle.run_sync``); every write goes through the publisher. A
 :class:`Snapshot` is one generation as read: its manifest, reads from that generation
 only (by the hashes it lists, so two reads can never see two generations), and
 ``publish`` bound to it as the expected parent.
@@ -46,24 +46,25 @@ from engine import (
 
 from ._publisher import PublisherStats, PublishMsg, mailbox, run_publisher
 from ._serving import serving
+from ._workers import Workers, open_workers
 
 T = TypeVar("T")
 
 
 class StoreHandle:
     def __init__(self, store: Store, send: trio.MemorySendChannel[PublishMsg],
-                 stats: PublisherStats, threads: trio.CapacityLimiter):
+                 stats: PublisherStats, threads: Workers):
         self.store = store
         self.stats = stats
         self._send = send
-        self._readers = threads
+        self.workers = threads
 
     async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on a worker thread, among at most the backend's ``reader_threads``:
-        the store's reads and the engine's work on what they read. The publisher's commits
+        """``fn(*args)`` on one of the backend's ``reader_threads`` worker threads: the
+        store's reads and the engine's work on what they read. The publisher's commits
         share the same threads (``open_store``): a commit that waits for one gathers more
-        publications."""
-        return await trio.to_thread.run_sync(fn, *args, limiter=self._readers)
+        publications. Never abandoned once started (``_workers``)."""
+        return await self.workers.run(fn, *args)
 
     @property
     def location(self) -> str:
@@ -234,11 +235,11 @@ async def open_store(location: str | os.PathLike[str], *, create: bool = True,
                                                                create=create, **kw))
     stats = PublisherStats()
     send, recv = mailbox()
-    threads = trio.CapacityLimiter(store.reader_threads)
     try:
-        async with serving(lambda **ts: run_publisher(
-                recv, store, max_batch=max_batch, group_commit=group_commit, stats=stats,
-                threads=threads, **ts), send):
+        async with open_workers(store.reader_threads, "viano-store") as threads, \
+                serving(lambda **ts: run_publisher(
+                    recv, store, max_batch=max_batch, group_commit=group_commit, stats=stats,
+                    threads=threads, **ts), send):
             yield StoreHandle(store, send, stats, threads)
     finally:
         with trio.CancelScope(shield=True):

@@ -16,6 +16,7 @@ import trio
 import trio.testing
 
 from actors import Engine, TrioClock
+from actors._workers import Workers
 from engine import BytesSource, Change, StorageError, artifact_json
 from tests.batch_helpers import batch_config, generic_server, intake_many
 from tests.loopback import LoopbackServer
@@ -29,10 +30,10 @@ LONG = 3600.0  # provider timeouts far beyond every virtual wait in these tests
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> trio.testing.MockClock:
-    """Virtual time that jumps after 20 ms of real idleness, but never while a worker
-    thread started by ``trio.to_thread.run_sync`` is still running (or waiting for a
-    token). The store works on threads; a plain autojump clock takes a task waiting on one
-    for idle and jumps to the next deadline: under load, straight to a test's guard
+    """Virtual time that jumps after 20 ms of real idleness, but never while a job on a
+    worker thread (the store's ``Workers``, or ``trio.to_thread.run_sync``) is still
+    queued or running. The store works on threads; a plain autojump clock takes a task
+    waiting on one for idle and jumps to the next deadline: under load, straight to a test's guard
     (``fail_after``) while a publication is still being written. (MockClock cannot be
     subclassed; its ``_autojump`` hook, which the run loop calls, is wrapped on the
     instance.)"""
@@ -45,18 +46,19 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> trio.testing.MockClock:
         if not threads:
             jump()
 
-    real = trio.to_thread.run_sync
-
-    async def run_sync(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        nonlocal threads
-        threads += 1
-        try:
-            return await real(fn, *args, **kw)
-        finally:
-            threads -= 1
+    def counted(real: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def run(*args: Any, **kw: Any) -> Any:
+            nonlocal threads
+            threads += 1
+            try:
+                return await real(*args, **kw)
+            finally:
+                threads -= 1
+        return run
 
     monkeypatch.setattr(clock, "_autojump", autojump)
-    monkeypatch.setattr(trio.to_thread, "run_sync", run_sync)
+    monkeypatch.setattr(trio.to_thread, "run_sync", counted(trio.to_thread.run_sync))
+    monkeypatch.setattr(Workers, "run", counted(Workers.run))
     return clock
 
 

@@ -1,0 +1,122 @@
+"""The store's worker threads (``actors._workers``): the cancellation rule of
+``trio.to_thread.run_sync`` (never abandoned once started), errors carried back, the bound
+on threads, and thread-local state made once per thread for the pool's whole life."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import trio
+import trio.lowlevel
+import trio.testing
+
+from actors import open_store
+from actors._workers import Workers, open_workers
+
+
+async def test_a_cancelled_caller_waits_for_its_started_job() -> None:
+    """Cancelling the caller while its job runs neither abandons nor interrupts the job:
+    the caller gets the job's result, and the cancellation arrives at its next
+    checkpoint."""
+    started, release = threading.Event(), threading.Event()
+    finished: list[str] = []
+    while_cancelled: list[list[str]] = []
+    returned: list[str] = []
+
+    def job() -> str:
+        started.set()
+        release.wait()
+        finished.append("done")
+        return "done"
+
+    async with open_workers(1, "t") as workers, trio.open_nursery() as nursery:
+        scope = trio.CancelScope()
+
+        async def canceller() -> None:
+            await trio.to_thread.run_sync(started.wait)
+            scope.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            while_cancelled.append(list(finished))  # the caller is still waiting
+            release.set()
+
+        nursery.start_soon(canceller)
+        with scope:
+            returned.append(await workers.run(job))
+            await trio.lowlevel.checkpoint()
+            returned.append("past a checkpoint")
+    assert scope.cancelled_caught
+    assert while_cancelled == [[]]
+    assert returned == ["done"]
+    assert finished == ["done"]
+
+
+async def test_a_caller_cancelled_before_its_job_is_queued_runs_nothing() -> None:
+    ran: list[int] = []
+    async with open_workers(2, "t") as workers:
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await workers.run(ran.append, 1)
+        assert scope.cancelled_caught
+        assert await workers.run(lambda: 7) == 7
+    assert ran == []
+
+
+async def test_the_jobs_errors_reach_the_caller_and_the_pool_goes_on() -> None:
+    def bad() -> None:
+        raise KeyError("the job's own error")
+
+    async with open_workers(2, "t") as workers:
+        with pytest.raises(KeyError, match="the job's own error") as info:
+            await workers.run(bad)
+        assert info.traceback[-1].name == "bad"  # raised with the job's traceback
+        assert await workers.run(sum, [1, 2, 3]) == 6
+        assert workers.running == 0
+
+
+async def test_jobs_run_only_on_the_pools_threads_at_most_size_at_once() -> None:
+    lock = threading.Lock()
+    now = peak = 0
+    names: set[str] = set()
+
+    def job() -> None:
+        nonlocal now, peak
+        with lock:
+            now += 1
+            peak = max(peak, now)
+            names.add(threading.current_thread().name)
+        with lock:
+            now -= 1
+
+    async with open_workers(3, "t") as workers, trio.open_nursery() as nursery:
+        for _ in range(60):
+            nursery.start_soon(workers.run, job)
+    assert names <= {"t-0", "t-1", "t-2"}
+    assert peak <= 3
+
+
+async def test_a_closed_pool_refuses_work_and_its_threads_are_gone() -> None:
+    workers = Workers(2, "t-closed")
+    await workers.run(lambda: None)
+    workers.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("t-closed-")]
+    with pytest.raises(RuntimeError, match="closed"):
+        await workers.run(lambda: None)
+
+
+async def test_reader_connections_do_not_pile_up_as_threads_come_and_go(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SQLite backend keeps one reader connection per thread that reads. trio's thread
+    cache ends a thread after 10 s idle and starts a new one for the next hop, so a daemon
+    idle now and then kept opening connections and never closed the old ones. Here trio's
+    threads end at once after every job: reads through the handle still use only the
+    pool's threads and connections."""
+    import trio._core._thread_cache as cache
+
+    monkeypatch.setattr(cache, "IDLE_TIMEOUT", 0)
+    async with open_store(tmp_path / "s") as store:
+        backend = store.store
+        for _ in range(40):
+            await store.run_sync(backend.list_cases)
+        assert len(backend._readers) <= backend.reader_threads  # type: ignore[attr-defined]

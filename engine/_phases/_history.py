@@ -31,7 +31,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._canonical import sha256_hex
+from .._canonical import artifact_json, sha256_hex
+from ._memo import MEMO, Keyed
 from ._prompts import load_prompt
 from ._protocol import (
     ATTEMPT_ID,
@@ -60,6 +61,22 @@ def history_problems(spec: PhaseSpec, view: PackageView, revision: int) -> list[
         return [str(exc)]
     except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
         return [f"the {spec.key} history of revision {revision} is malformed ({exc!r})"]
+
+
+def context_digest(spec: PhaseSpec, view: PackageView, policy: Mapping[str, Any],
+                   revision: int) -> str | Refusal:
+    """The sha256 of ``spec.context(view, policy, revision)`` (or its refusal), remembered
+    by exactly what the derivation read (``_memo``): every step's audit derives the pinned
+    context again from the same case files. Only the digest is kept, not the bytes (a
+    context is 3-11 KB, and thousands of cases pass through)."""
+    return MEMO.run(_context_digest, view, spec, revision,
+                    Keyed(policy, artifact_json(dict(policy))))
+
+
+def _context_digest(view: PackageView, spec: PhaseSpec, revision: int, policy: Keyed
+                    ) -> str | Refusal:
+    derived = spec.context(view, policy.value, revision)
+    return derived if isinstance(derived, Refusal) else sha256_hex(derived)
 
 
 def pointer_problems(spec: PhaseSpec, view: PackageView) -> list[str]:
@@ -153,7 +170,7 @@ class _Audit:
         policy = self._policy(p["policy"])
         if policy is not None:
             self._context(p["context"], policy)
-        docs = self._rounds(rounds, p)
+        docs = self._rounds(rounds)
         self._series(rounds, docs, unblocks)
         self._rejections(rounds, docs, errors)
         self._acceptance(rounds, docs, errors)
@@ -169,77 +186,25 @@ class _Audit:
         return rebuilt
 
     def _context(self, path: str, policy: Mapping[str, Any]) -> None:
-        derived = self.spec.context(self.view, policy, self.rev)
+        derived = context_digest(self.spec, self.view, policy, self.rev)
         if isinstance(derived, Refusal):
             self.problem(f"{path} cannot be derived again ({derived.reason}: "
                          f"{derived.message})")
-        elif derived != self.view.read(path):
+        elif derived != self.view.sha(path):  # the manifest's hash of the pinned bytes
             self.problem(f"{path} is not what the case gives under the pinned policy")
 
-    def _rounds(self, rounds: Sequence[RoundInfo], p: Mapping[str, str]
-                ) -> dict[str, Mapping[str, Any]]:
-        prompt = load_prompt(self.spec.prompt_id)
-        m = self.view.manifest
-        inputs = {"prompt_id": self.spec.prompt_id, "prompt_sha256": prompt.sha256,
-                  "context": p["context"], "context_sha256": self.view.sha(p["context"]),
-                  "policy": p["policy"], "policy_sha256": self.view.sha(p["policy"])}
+    def _rounds(self, rounds: Sequence[RoundInfo]) -> dict[str, Mapping[str, Any]]:
         docs: dict[str, Mapping[str, Any]] = {}
         for r in rounds:
-            doc = self.view.read_object(r.path)
-            docs[r.path] = doc
-            aid = doc.get("attempt_id")
-            expected_hash = attempt_hash(
-                package_id=m.package_id, phase=self.spec.phase, revision=self.rev,
-                attempt_id=str(aid), prompt_id=self.spec.prompt_id,
-                prompt_sha256=prompt.sha256, context_sha256=str(inputs["context_sha256"]),
-                policy_sha256=str(inputs["policy_sha256"]))
-            wrong = [what for what, ok in (
-                ("format", doc.get("format") == "viano-round/1"),
-                ("phase", doc.get("phase") == self.spec.phase),
-                ("revision", doc.get("analysis_revision") == self.rev),
-                ("series and round", (doc.get("series"), doc.get("round"))
-                 == (r.series, r.round)),
-                ("outcome", OUTCOMES.get(str(doc.get("outcome"))) == r.outcome),
-                ("attempt id", isinstance(aid, str) and ATTEMPT_ID.fullmatch(aid)),
-                ("inputs", doc.get("inputs") == inputs),
-                ("attempt hash", doc.get("attempt_hash") == expected_hash),
-                ("answer", self._answer_ok(doc, r.outcome)),
-                ("request bodies", self._requests_ok(doc))) if not ok]
+            docs[r.path] = self.view.read_object(r.path)
+            # Each step audits every round of the phase again; a round's own checks read
+            # only its record, the pinned inputs and its request bodies: remembered.
+            wrong = MEMO.run(_round_wrong, self.view, self.spec, self.rev, r,
+                             freeze=tuple, thaw=list)
             if wrong:
                 self.problem(f"{r.path} is not a round this phase recorded (its "
                              f"{', '.join(wrong)} do not match)")
         return docs
-
-    @staticmethod
-    def _answer_ok(doc: Mapping[str, Any], outcome: str) -> bool:
-        """An answer round carries its answer; an invalid one carries what came back when
-        the runner could keep it (or nothing); no other round carries any. Whatever is
-        carried matches its hash and size."""
-        answer = doc.get("answer")
-        if outcome == "invalid" and answer is None:
-            return True
-        if outcome not in ("answer", "invalid"):
-            return answer is None
-        if not isinstance(answer, dict) or set(answer) != {"content", "sha256", "bytes"} or \
-                not isinstance(answer.get("content"), str):
-            return False
-        raw = answer["content"].encode("utf-8")
-        return answer.get("sha256") == sha256_hex(raw) and answer.get("bytes") == len(raw)
-
-    def _requests_ok(self, doc: Mapping[str, Any]) -> bool:
-        attempts = doc.get("attempts")
-        if not isinstance(attempts, list):
-            return False
-        for a in attempts:
-            if not isinstance(a, dict):
-                return False
-            body = a.get("request_body")
-            if body is None:
-                continue
-            if not isinstance(body, dict) or body.get("sha256") is None or \
-                    self.view.sha(str(body.get("path"))) != body.get("sha256"):
-                return False
-        return True
 
     def _series(self, rounds: Sequence[RoundInfo], docs: Mapping[str, Mapping[str, Any]],
                 unblocks: Mapping[int, str]) -> None:
@@ -315,3 +280,65 @@ class _Audit:
 def _blocked(doc: Mapping[str, Any] | None) -> bool:
     retry = doc.get("retry") if doc else None
     return isinstance(retry, dict) and retry.get("blocked") is True
+
+
+def _round_wrong(view: PackageView, spec: PhaseSpec, rev: int, r: RoundInfo) -> list[str]:
+    """What of round ``r``'s record does not match what the phase records for it: its own
+    fields, its binding to the pinned policy, context and prompt (by their hashes and the
+    attempt hash), its answer's hash and its request bodies'."""
+    p = paths(spec, rev)
+    prompt = load_prompt(spec.prompt_id)
+    m = view.manifest
+    inputs = {"prompt_id": spec.prompt_id, "prompt_sha256": prompt.sha256,
+              "context": p["context"], "context_sha256": view.sha(p["context"]),
+              "policy": p["policy"], "policy_sha256": view.sha(p["policy"])}
+    doc = view.read_object(r.path)
+    aid = doc.get("attempt_id")
+    expected_hash = attempt_hash(
+        package_id=m.package_id, phase=spec.phase, revision=rev, attempt_id=str(aid),
+        prompt_id=spec.prompt_id, prompt_sha256=prompt.sha256,
+        context_sha256=str(inputs["context_sha256"]),
+        policy_sha256=str(inputs["policy_sha256"]))
+    return [what for what, ok in (
+        ("format", doc.get("format") == "viano-round/1"),
+        ("phase", doc.get("phase") == spec.phase),
+        ("revision", doc.get("analysis_revision") == rev),
+        ("series and round", (doc.get("series"), doc.get("round")) == (r.series, r.round)),
+        ("outcome", OUTCOMES.get(str(doc.get("outcome"))) == r.outcome),
+        ("attempt id", isinstance(aid, str) and ATTEMPT_ID.fullmatch(aid)),
+        ("inputs", doc.get("inputs") == inputs),
+        ("attempt hash", doc.get("attempt_hash") == expected_hash),
+        ("answer", _answer_ok(doc, r.outcome)),
+        ("request bodies", _requests_ok(view, doc))) if not ok]
+
+
+def _answer_ok(doc: Mapping[str, Any], outcome: str) -> bool:
+    """An answer round carries its answer; an invalid one carries what came back when the
+    runner could keep it (or nothing); no other round carries any. Whatever is carried
+    matches its hash and size."""
+    answer = doc.get("answer")
+    if outcome == "invalid" and answer is None:
+        return True
+    if outcome not in ("answer", "invalid"):
+        return answer is None
+    if not isinstance(answer, dict) or set(answer) != {"content", "sha256", "bytes"} or \
+            not isinstance(answer.get("content"), str):
+        return False
+    raw = answer["content"].encode("utf-8")
+    return answer.get("sha256") == sha256_hex(raw) and answer.get("bytes") == len(raw)
+
+
+def _requests_ok(view: PackageView, doc: Mapping[str, Any]) -> bool:
+    attempts = doc.get("attempts")
+    if not isinstance(attempts, list):
+        return False
+    for a in attempts:
+        if not isinstance(a, dict):
+            return False
+        body = a.get("request_body")
+        if body is None:
+            continue
+        if not isinstance(body, dict) or body.get("sha256") is None or \
+                view.sha(str(body.get("path"))) != body.get("sha256"):
+            return False
+    return True

@@ -24,14 +24,14 @@ from __future__ import annotations
 import io
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import IO, Any, TypeVar, cast
 
 from .._store import Manifest
 from ._view import PackageView
 
 R = TypeVar("R")
-MAX_KEYS = 1024
+MAX_KEYS = 8192  # (check, arguments, package): a few per case in flight
 PER_KEY = 4
 MAX_LOOKUPS = 512            # per record
 MAX_TOTAL_LOOKUPS = 200_000  # over every record kept: a few tens of MB at most
@@ -230,6 +230,22 @@ class _Memo:
 
 
 MEMO = _Memo()
+
+
+class Keyed:
+    """An argument of a remembered check that is not hashable itself (a policy mapping):
+    it counts in the check's key by ``key``, its canonical form."""
+
+    __slots__ = ("key", "value")
+
+    def __init__(self, value: Any, key: Hashable):
+        self.value, self.key = value, key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Keyed) and other.key == self.key
 
 
 def remembered_problems(check: Callable[[PackageView, int], list[str]], view: PackageView,

@@ -400,10 +400,10 @@ class TestForgedDeclarations:
 
 
 class TestRememberedAudits:
-    """Parts of the history audit are remembered by exactly what they read
-    (engine/_phases/_memo.py): the derivation of the pinned context and each round's own
-    checks. A forgery of the same package, audited after the genuine history passed in
-    this process, is found exactly as an audit with nothing remembered finds it."""
+    """The history audit's derivation of the pinned context is remembered by exactly what
+    it read (engine/_phases/_memo.py). A forgery of the same package, audited after the
+    genuine history passed in this process, is found exactly as an audit with nothing
+    remembered finds it."""
 
     @pytest.mark.parametrize("phase", sorted(SPECS))
     @pytest.mark.parametrize("forged", ["context", "round answer", "catalogue"])
@@ -429,7 +429,7 @@ class TestRememberedAudits:
         monkeypatch.setattr(_history, "MEMO", memo)
         assert audit(tmp_path / "a") == []
         assert audit(tmp_path / "a") == []
-        assert memo.hits == 2  # the second audit: the context and the round, remembered
+        assert memo.hits == 1  # the second audit's derivation of the context, remembered
         base = f"analysis/{spec.key}/0001/"
 
         def inject(doc: dict[str, Any], _sha: Callable[[str], str]) -> None:

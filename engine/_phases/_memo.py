@@ -31,7 +31,7 @@ from .._store import Manifest
 from ._view import PackageView
 
 R = TypeVar("R")
-MAX_KEYS = 8192  # (check, arguments, package): a few per case in flight
+MAX_KEYS = 4096  # (check, arguments, package): ~5 per case in flight (~37 lookups)
 PER_KEY = 4
 MAX_LOOKUPS = 512            # per record
 MAX_TOTAL_LOOKUPS = 200_000  # over every record kept: a few tens of MB at most

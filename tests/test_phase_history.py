@@ -406,7 +406,8 @@ class TestRememberedAudits:
     remembered finds it."""
 
     @pytest.mark.parametrize("phase", sorted(SPECS))
-    @pytest.mark.parametrize("forged", ["context", "round answer", "catalogue"])
+    @pytest.mark.parametrize("forged", ["context", "round answer", "catalogue",
+                                        "case input"])
     async def test_a_forgery_audited_after_the_genuine_history_is_found(
             self, tmp_path: Path, server: LoopbackServer, phase: str, forged: str,
             monkeypatch: pytest.MonkeyPatch) -> None:
@@ -441,11 +442,20 @@ class TestRememberedAudits:
         def catalogue(doc: dict[str, Any], _sha: Callable[[str], str]) -> None:
             doc["sources"][0]["media_type"] = "text/x-forged"
 
+        def case_input(doc: dict[str, Any], _sha: Callable[[str], str]) -> None:
+            if spec is INTERPRETATION:  # the intake record's title is in its context
+                doc["title"] = "Something else entirely"
+            else:  # the confirmed interpretation's statements are in the builder's
+                doc["statements"][0]["text"] = "A statement nobody confirmed."
+
         path, edit, expected = {
             "context": (base + "context.json", inject, "context.json is not what the case"),
             "round answer": (base + "rounds/0001-0001.answer.json", answer,
                              "its answer do not match"),
             "catalogue": ("case/catalogue.json", catalogue, "context.json is not what"),
+            "case input": ("case/intake.json" if spec is INTERPRETATION
+                           else I1 + "interpretation.json", case_input,
+                           "context.json is not what"),
         }[forged]
         edited = rewrite_export(_export(tmp_path / "a", tmp_path / "x.zip"),
                                 tmp_path / "e.zip", [(path, json_edit(edit))])
@@ -454,6 +464,35 @@ class TestRememberedAudits:
         assert any(expected in p for p in found), found
         monkeypatch.setattr(_history, "MEMO", _Memo())  # nothing remembered
         assert audit(tmp_path / "b") == found
+
+
+    @pytest.mark.parametrize("phase", sorted(SPECS))
+    async def test_an_unreadable_pinned_context_is_a_problem(
+            self, tmp_path: Path, server: LoopbackServer, phase: str,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        """The remembered derivation is compared with the manifest's hash of context.json,
+        and the file itself is still read: a damaged blob is history that does not stand
+        up, not a clean audit."""
+        from engine import PackageView, StorageError
+        from engine._phases import _view, history_problems
+
+        spec = SPECS[phase]
+        await _stopped_at(tmp_path / "a", server, spec, "phase.recorded")
+        monkeypatch.setattr(_view, "DOCUMENTS", _view._Documents())  # nothing read yet
+        store = open_ro(tmp_path / "a")
+        try:
+            _ref, m = store.head("BUG-20")
+            context = m.files[f"analysis/{spec.key}/0001/context.json"].sha256
+
+            def read(sha: str) -> bytes:
+                if sha == context:
+                    raise StorageError("blob damaged (simulated)", reason="store_corrupt")
+                return store.read_blob(sha)
+
+            found = history_problems(spec, PackageView(m, read), 1)
+        finally:
+            store.close()
+        assert any("context.json cannot be read" in p for p in found), found
 
 
 class TestTheInterpretationBeneathABatch:

@@ -190,16 +190,19 @@ class _Audit:
         if isinstance(derived, Refusal):
             self.problem(f"{path} cannot be derived again ({derived.reason}: "
                          f"{derived.message})")
-        elif derived != self.view.sha(path):  # the manifest's hash of the pinned bytes
-            self.problem(f"{path} is not what the case gives under the pinned policy")
+        else:
+            self.view.read(path)  # readable and whole (a damaged blob is a HistoryProblem)
+            if derived != self.view.sha(path):  # the read bytes have the manifest's hash
+                self.problem(f"{path} is not what the case gives under the pinned policy")
 
     def _rounds(self, rounds: Sequence[RoundInfo]) -> dict[str, Mapping[str, Any]]:
         docs: dict[str, Mapping[str, Any]] = {}
+        inputs = _pinned_inputs(self.view, self.spec, self.rev)
         for r in rounds:
             docs[r.path] = self.view.read_object(r.path)
             # Not remembered: a phase's steps audit a round about once (after it is
             # recorded), so a memo's watched reads only cost here (measured: no hits).
-            wrong = _round_wrong(self.view, self.spec, self.rev, r)
+            wrong = _round_wrong(self.view, self.spec, self.rev, r, docs[r.path], inputs)
             if wrong:
                 self.problem(f"{r.path} is not a round this phase recorded (its "
                              f"{', '.join(wrong)} do not match)")
@@ -281,21 +284,24 @@ def _blocked(doc: Mapping[str, Any] | None) -> bool:
     return isinstance(retry, dict) and retry.get("blocked") is True
 
 
-def _round_wrong(view: PackageView, spec: PhaseSpec, rev: int, r: RoundInfo) -> list[str]:
-    """What of round ``r``'s record does not match what the phase records for it: its own
-    fields, its binding to the pinned policy, context and prompt (by their hashes and the
-    attempt hash), its answer's hash and its request bodies'."""
+def _pinned_inputs(view: PackageView, spec: PhaseSpec, rev: int) -> dict[str, Any]:
+    """The inputs a round record of ``rev`` must name: the prompt, context and policy."""
     p = paths(spec, rev)
-    prompt = load_prompt(spec.prompt_id)
+    return {"prompt_id": spec.prompt_id, "prompt_sha256": load_prompt(spec.prompt_id).sha256,
+            "context": p["context"], "context_sha256": view.sha(p["context"]),
+            "policy": p["policy"], "policy_sha256": view.sha(p["policy"])}
+
+
+def _round_wrong(view: PackageView, spec: PhaseSpec, rev: int, r: RoundInfo,
+                 doc: Mapping[str, Any], inputs: Mapping[str, Any]) -> list[str]:
+    """What of round ``r``'s record ``doc`` does not match what the phase records for it:
+    its own fields, its binding to the pinned ``inputs`` (by their hashes and the attempt
+    hash), its answer's hash and its request bodies'."""
     m = view.manifest
-    inputs = {"prompt_id": spec.prompt_id, "prompt_sha256": prompt.sha256,
-              "context": p["context"], "context_sha256": view.sha(p["context"]),
-              "policy": p["policy"], "policy_sha256": view.sha(p["policy"])}
-    doc = view.read_object(r.path)
     aid = doc.get("attempt_id")
     expected_hash = attempt_hash(
         package_id=m.package_id, phase=spec.phase, revision=rev, attempt_id=str(aid),
-        prompt_id=spec.prompt_id, prompt_sha256=prompt.sha256,
+        prompt_id=spec.prompt_id, prompt_sha256=str(inputs["prompt_sha256"]),
         context_sha256=str(inputs["context_sha256"]),
         policy_sha256=str(inputs["policy_sha256"]))
     return [what for what, ok in (

@@ -286,7 +286,7 @@ async def _case_counts(engine: Engine) -> dict[str, Any]:
     """The store's cases by phase and status (what ``viano status --summary`` shows), for
     the ``providers`` event: one indexed GROUP BY, not a scan of the packages."""
     try:
-        counts = await trio.to_thread.run_sync(engine.store.store.status_counts)
+        counts = await engine.store.run_sync(engine.store.store.status_counts)
     except VianoError:  # the store went away: the event carries what it has
         return {}
     by: dict[str, dict[str, int]] = {}

@@ -139,7 +139,7 @@ def _operation(args: argparse.Namespace, config: Config,
                 return snap, True, None
             head = (await store.head(args.case))[1]
             view = PackageView(head.manifest, store.store.read_blob)
-            said = None if already is None else await trio.to_thread.run_sync(already, view)
+            said = None if already is None else await store.run_sync(already, view)
             return head, False, said
 
     return trio.run(go)

@@ -256,6 +256,34 @@ class TestArtifactEncoding:
         with pytest.raises(ValueError):
             artifact_json(value)
 
+    @given(st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1)
+                        | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=4),
+                        lambda children: st.lists(children, max_size=4)
+                        | st.tuples(children, children)
+                        | st.dictionaries(st.text(max_size=4), children, max_size=4),
+                        max_leaves=12))
+    def test_refused_exactly_when_the_standard_encoder_refuses(self, value: object) -> None:
+        """NaN and infinities are looked for only among the floats (not by encoding the
+        value again): refused wherever they sit, and nothing else is."""
+        import json
+
+        from engine import artifact_json
+
+        try:
+            json.dumps(value, allow_nan=False)
+        except ValueError:
+            with pytest.raises(ValueError, match="Out of range float"):
+                artifact_json(value)
+        else:
+            assert artifact_json(value).endswith(b"\n")
+
+    def test_the_artifacts_clock_is_utc_to_the_microsecond(self) -> None:
+        import re
+
+        from engine._canonical import utc_now_iso
+
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", utc_now_iso())
+
     def test_what_orjson_does_not_take_goes_through_the_standard_encoder(self) -> None:
         from engine import artifact_json
 

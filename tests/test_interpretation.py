@@ -271,3 +271,17 @@ class TestDocumentCache:
         assert cache.get("c") == (b"z" * 100, {"c": 1})
         cache.put("big", b"q" * 201)
         assert cache.get("big") is None
+
+    def test_a_phases_own_files_are_kept_as_written_but_request_bodies_are_not(
+            self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from engine import BytesSource, Change
+        from engine._phases import _view
+
+        monkeypatch.setattr(_view, "DOCUMENTS", _view._Documents())
+        context, body = BytesSource.of(b'{"task": 1}'), BytesSource.of(b'{"model": "m"}')
+        change = Change(files={"analysis/interpretation/0001/context.json": context,
+                               "analysis/interpretation/0001/requests/" + body.sha256
+                               + ".json": body})
+        assert _view.remember_written(change) is change
+        assert _view.DOCUMENTS.get(context.sha256) is not None
+        assert _view.DOCUMENTS.get(body.sha256) is None

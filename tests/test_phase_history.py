@@ -495,6 +495,40 @@ class TestRememberedAudits:
         assert any("context.json cannot be read" in p for p in found), found
 
 
+class TestWhatAPhaseReadsBack:
+    async def test_a_dispatch_reads_from_the_store_only_what_it_did_not_write(
+            self, tmp_path: Path, server: LoopbackServer,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        """The files a phase writes (policy, context, rounds, artifacts) go into the
+        document cache as they are written; the steps that read them back (prompt, audit,
+        judge) find them there. Only what intake wrote is read from the store."""
+        from engine._phases import _view
+
+        async with services(tmp_path / "s", _providers(server)) as sv:
+            await intake_sample(sv.store)
+            monkeypatch.setattr(_view, "DOCUMENTS", _view._Documents())  # a fresh process
+            backend = sv.store.store
+            read: list[str] = []
+            real_read, real_open = backend.read_blob, backend.open_blob
+
+            def read_blob(sha: str) -> bytes:
+                read.append(sha)
+                return real_read(sha)
+
+            def open_blob(sha: str) -> Any:
+                read.append(sha)
+                return real_open(sha)
+
+            monkeypatch.setattr(backend, "read_blob", read_blob)
+            monkeypatch.setattr(backend, "open_blob", open_blob)
+            await _interpret(sv)
+            paths = {e.sha256: p for p, e in
+                     (await sv.store.snapshot("BUG-20")).manifest.files.items()}
+        assert read, "the case's own files are read from the store"
+        assert all(not paths[sha].startswith("analysis/") for sha in read), \
+            [paths[sha] for sha in read]
+
+
 class TestTheInterpretationBeneathABatch:
     @pytest.mark.parametrize("how", ["summary_only", "summary_binding_and_confirmation"])
     async def test_a_finished_batch_is_not_reused_over_an_edited_interpretation(

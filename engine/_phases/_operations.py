@@ -14,7 +14,7 @@ from ._interpretation import PHASE as INTERPRETATION_PHASE
 from ._interpretation import artifact_paths, confirmation_bytes, interpretation_problems
 from ._protocol import parse_rounds, phase_dir
 from ._spec import PhaseSpec
-from ._view import PackageView
+from ._view import PackageView, remember_written
 
 REOPENED = "REOPENED"
 _NAME = re.compile(r"[^\x00-\x1f\x7f-\x9f]{1,128}")
@@ -45,9 +45,9 @@ def confirm_change(view: PackageView, by: str) -> tuple[Change, CaseStatus] | No
         return None
     sha = view.sha(p["interpretation"])
     assert sha is not None
-    change = Change(files={p["confirmation"]: BytesSource.of(
+    change = remember_written(Change(files={p["confirmation"]: BytesSource.of(
         confirmation_bytes(rev, p["interpretation"], sha, person(by)))},
-        pointers={"interpretation_confirmation": p["confirmation"]})
+        pointers={"interpretation_confirmation": p["confirmation"]}))
     return change, CaseStatus(status="READY", phase=view.manifest.phase, reason="confirmed")
 
 

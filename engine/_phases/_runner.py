@@ -44,7 +44,7 @@ from ._protocol import (
     round_path,
 )
 from ._spec import Accepted, PhaseSpec, Problem, paths, policy_bytes
-from ._view import HistoryProblem, PackageView
+from ._view import HistoryProblem, PackageView, remember_written
 
 
 def load_state(spec: PhaseSpec, view: PackageView, status: CaseStatus | None,
@@ -97,7 +97,7 @@ def enter_change(spec: PhaseSpec, view: PackageView, request: DispatchRequest
                     pointers={f"{spec.pointer_prefix}_policy": p["policy"],
                               f"{spec.pointer_prefix}_context": p["context"]},
                     phase=spec.phase)
-    return change, running(spec, 1, request.attempt_id, 1)
+    return remember_written(change), running(spec, 1, request.attempt_id, 1)
 
 
 def running(spec: PhaseSpec, round_no: int, attempt_id: str, calls: int) -> CaseStatus:
@@ -168,7 +168,8 @@ def round_change(spec: PhaseSpec, view: PackageView, step: RunRound, outcome: Ro
            "outcome": kind, "provider": outcome.provider, "answer": answer, "retry": retry,
            "attempts": attempts, "started_at": started_at, "finished_at": utc_now_iso()}
     files[path] = BytesSource.of(artifact_json(doc))
-    change = Change(files=files, pointers={f"{spec.pointer_prefix}_last_round": path})
+    change = remember_written(Change(files=files,
+                                     pointers={f"{spec.pointer_prefix}_last_round": path}))
     why = "; ".join(f"{a.provider}: {a.detail}" + (f" ({a.error})" if a.error else "")
                     for a in outcome.attempts)
     return _round_result(spec, change, outcome.status, step, max_rounds, unavailable, due,
@@ -273,8 +274,8 @@ def judge_change(spec: PhaseSpec, view: PackageView, step: Judge, request: Dispa
             status = CaseStatus(status="READY" if accepted.more_work else "COMPLETED",
                                 phase=spec.phase, reason=accepted.reason,
                                 attempt_id=str(doc.get("attempt_id")))
-            return Verdict(Change(files=files, pointers=accepted.pointers), status,
-                           COMPLETED, accepted.reason, accepted.message)
+            return Verdict(remember_written(Change(files=files, pointers=accepted.pointers)),
+                           status, COMPLETED, accepted.reason, accepted.message)
         problems = [Problem(accepted.reason, "", accepted.message)]
     base = phase_dir(spec.key, view.manifest.analysis_revision)
     path = f"{base}errors/{attempt_hash}.json"

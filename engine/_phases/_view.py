@@ -17,7 +17,7 @@ import attrs
 
 from .._errors import VianoError
 from .._json import UntrustedJson, loads_untrusted
-from .._store import Manifest
+from .._store import BytesSource, Change, Manifest
 
 Reader = Callable[[str], bytes]     # sha256 -> bytes
 _UNPARSED: Any = object()
@@ -140,3 +140,15 @@ class PackageView:
         if not isinstance(doc, dict):
             raise HistoryProblem(f"{path} is not a JSON object")
         return doc
+
+
+def remember_written(change: Change) -> Change:
+    """``change``, its new files put in the document cache as they are written: the steps
+    after read them back (the pinned context for the prompt and every audit, a round for
+    its judge, the accepted artifacts for the next phase), and each of those reads went to
+    the store. A sha256 names one content, so an entry is right whether or not the
+    publication lands. Request bodies are left out: nothing reads them back."""
+    for path, source in change.files.items():
+        if isinstance(source, BytesSource) and "/requests/" not in path:
+            DOCUMENTS.put(source.sha256, source.data)
+    return change

@@ -399,6 +399,7 @@ class TestForgedDeclarations:
         assert "revision 1" in await _refused(tmp_path / "b", server, HYPOTHESES)
 
 
+@pytest.mark.sqlite_only  # the memo and the audit are above the store: one backend is enough
 class TestRememberedAudits:
     """The history audit's derivation of the pinned context is remembered by exactly what
     it read (engine/_phases/_memo.py). A forgery of the same package, audited after the
@@ -495,6 +496,7 @@ class TestRememberedAudits:
         assert any("context.json cannot be read" in p for p in found), found
 
 
+@pytest.mark.sqlite_only  # counts the SQLite backend's reads; the cache is above the store
 class TestWhatAPhaseReadsBack:
     async def test_a_dispatch_reads_from_the_store_only_what_it_did_not_write(
             self, tmp_path: Path, server: LoopbackServer,

@@ -206,18 +206,21 @@ class TestWorkerThreads:
 
 class TestAMixedBatch:
     async def test_five_hundred_cases_end_as_their_faults_dictate(
-            self, tmp_path: Path, server: LoopbackServer, nursery: trio.Nursery) -> None:
+            self, tmp_path: Path, server: LoopbackServer, nursery: trio.Nursery,
+            backend: str) -> None:
         """520 cases, 120 of them real SWE-bench Lite reports, through three providers in
         order — one down, one refusing the key, one serving — with a mix of faults by case:
         invalid interpretation answers (ERROR invalid_answer), a 429 with Retry-After once
         (COMPLETED after a retry), a first round without any provider (COMPLETED after the
         due time), no provider at all (BLOCKED after max_rounds). Every case ends as its
-        fault dictates, and verify is clean."""
+        fault dictates, and verify is clean. On PostgreSQL 280 cases (every fault, fewer
+        plain ones): 500 there took 35 s of the suite's 10 minutes."""
         real = _swebench(120)
-        ids = [f"N-{i:03d}" for i in range(400 - len(real))] + sorted(real)
+        plain = 400 if backend == "sqlite" else 160
+        ids = [f"N-{i:03d}" for i in range(plain - len(real))] + sorted(real)
         ids += [f"INV-{i:02d}" for i in range(40)] + [f"RL-{i:02d}" for i in range(30)]
         ids += [f"LATE-{i:02d}" for i in range(25)] + [f"DOWN-{i:02d}" for i in range(25)]
-        assert len(ids) == 520
+        assert len(ids) == plain + 120
         limited: set[str] = set()
         first_round: set[str] = set()
 
@@ -261,7 +264,7 @@ class TestAMixedBatch:
                 if not await engine.due(1):
                     break
             per_txn = engine.store.stats.per_transaction
-        assert len(final) == 520
+        assert len(final) == plain + 120
         expected = {"N-": ("COMPLETED", "completed"), "INV": ("ERROR", "invalid_answer"),
                     "RL-": ("COMPLETED", "completed"), "LAT": ("COMPLETED", "completed"),
                     "DOW": ("BLOCKED", "rounds_exhausted")}
@@ -269,7 +272,7 @@ class TestAMixedBatch:
             want = expected.get(case_id[:3], ("COMPLETED", "completed"))
             assert (result.status, result.reason) == want, (case_id, result)
         counts = Counter(r.status for r in final.values())
-        assert counts == {"COMPLETED": 455, "ERROR": 40, "BLOCKED": 25}
+        assert counts == {"COMPLETED": plain + 55, "ERROR": 40, "BLOCKED": 25}
         assert per_txn > 1.5, per_txn  # the actors' publications shared transactions
         assert refuser.requests  # it was asked, and refused every time
         verified(tmp_path / "s")

@@ -69,25 +69,29 @@ async def test_a_caller_cancelled_before_its_job_is_queued_runs_nothing() -> Non
 async def test_a_job_still_queued_is_cancelled_with_its_caller() -> None:
     """Like a task waiting for a limiter's slot: a caller cancelled while its job waits
     in the queue (no thread has taken it) leaves at once, and the job never runs."""
-    release = threading.Event()
+    started, release = threading.Event(), threading.Event()
     ran: list[object] = []
 
     def slow() -> None:
+        started.set()
         release.wait()
         ran.append("slow")
 
     async with open_workers(1, "t") as workers, trio.open_nursery() as nursery:
-        nursery.start_soon(workers.run, slow)  # takes the only thread
-        with trio.CancelScope() as queued:
-            async with trio.open_nursery() as waiting:
-                for i in range(10):
-                    waiting.start_soon(workers.run, ran.append, i)
-                await trio.testing.wait_all_tasks_blocked()
-                assert workers.running == 11
-                queued.cancel()
-        assert queued.cancelled_caught
-        assert workers.running == 1 and ran == []  # left before the slow job returned
-        release.set()
+        try:
+            nursery.start_soon(workers.run, slow)
+            await trio.to_thread.run_sync(started.wait)  # the only thread is taken
+            with trio.CancelScope() as queued:
+                async with trio.open_nursery() as waiting:
+                    for i in range(10):
+                        waiting.start_soon(workers.run, ran.append, i)
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert workers.running == 11
+                    queued.cancel()
+            assert queued.cancelled_caught
+            assert workers.running == 1 and ran == []  # left before the slow job returned
+        finally:
+            release.set()  # whatever failed above, the slow job ends
     assert ran == ["slow"]
     assert workers.running == 0
 

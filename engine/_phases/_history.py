@@ -197,7 +197,7 @@ class _Audit:
 
     def _rounds(self, rounds: Sequence[RoundInfo]) -> dict[str, Mapping[str, Any]]:
         docs: dict[str, Mapping[str, Any]] = {}
-        inputs = _pinned_inputs(self.view, self.spec, self.rev)
+        inputs = pinned_inputs(self.view, self.spec, self.rev)
         for r in rounds:
             docs[r.path] = self.view.read_object(r.path)
             # Not remembered: a phase's steps audit a round about once (after it is
@@ -284,8 +284,9 @@ def _blocked(doc: Mapping[str, Any] | None) -> bool:
     return isinstance(retry, dict) and retry.get("blocked") is True
 
 
-def _pinned_inputs(view: PackageView, spec: PhaseSpec, rev: int) -> dict[str, Any]:
-    """The inputs a round record of ``rev`` must name: the prompt, context and policy."""
+def pinned_inputs(view: PackageView, spec: PhaseSpec, rev: int) -> dict[str, Any]:
+    """The inputs a round record of ``rev`` names (the runner writes them, the audit
+    requires them): the prompt, and the pinned context and policy, by their hashes."""
     p = paths(spec, rev)
     return {"prompt_id": spec.prompt_id, "prompt_sha256": load_prompt(spec.prompt_id).sha256,
             "context": p["context"], "context_sha256": view.sha(p["context"]),

@@ -26,7 +26,7 @@ from .._gateway import (
 )
 from .._gateway._wire import EnvelopeError
 from .._store import BytesSource, CaseStatus, Change, iso_utc
-from ._history import history_problems, pointer_problems
+from ._history import history_problems, pinned_inputs, pointer_problems
 from ._prompts import PromptText, load_prompt
 from ._protocol import (
     BLOCKED,
@@ -132,7 +132,6 @@ def round_change(spec: PhaseSpec, view: PackageView, step: RunRound, outcome: Ro
     """The round record (and its request bodies) for what the gateway returned, with the
     durable status it leads to."""
     rev = view.manifest.analysis_revision
-    p = paths(spec, rev)
     kind = outcome.status.value
     path = round_path(spec.key, rev, step.series, step.round, kind)
     files: dict[str, BytesSource] = {}
@@ -161,10 +160,7 @@ def round_change(spec: PhaseSpec, view: PackageView, step: RunRound, outcome: Ro
     doc = {"format": "viano-round/1", "phase": spec.phase, "analysis_revision": rev,
            "series": step.series, "round": step.round, "attempt_id": step.attempt_id,
            "attempt_hash": step.attempt_hash, "calls_started": step.calls_started,
-           "inputs": {"prompt_id": spec.prompt_id,
-                      "prompt_sha256": load_prompt(spec.prompt_id).sha256,
-                      "context": p["context"], "context_sha256": view.sha(p["context"]),
-                      "policy": p["policy"], "policy_sha256": view.sha(p["policy"])},
+           "inputs": pinned_inputs(view, spec, rev),
            "outcome": kind, "provider": outcome.provider, "answer": answer, "retry": retry,
            "attempts": attempts, "started_at": started_at, "finished_at": utc_now_iso()}
     files[path] = BytesSource.of(artifact_json(doc))

@@ -60,11 +60,11 @@ def _may_hold_nonfinite(value: Any) -> bool:
         if isinstance(item, float):
             if not math.isfinite(item):
                 return True
-        elif isinstance(item, dict):
+        elif type(item) is dict:
             stack.extend(item.values())
-        elif isinstance(item, list | tuple):
+        elif type(item) is list or type(item) is tuple:
             stack.extend(item)
-        else:
+        else:  # a subclass may show the encoders other contents than it shows a walk
             return True
     return False
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -276,6 +277,18 @@ class TestArtifactEncoding:
                 artifact_json(value)
         else:
             assert artifact_json(value).endswith(b"\n")
+
+    def test_a_container_subclass_is_checked_as_the_encoders_see_it(self) -> None:
+        """A dict whose values() hides a NaN from a walk: refused as json.dumps refuses
+        it (a subclass takes the standard encoder's check)."""
+        from engine import artifact_json
+
+        class Hiding(dict[str, object]):
+            def values(self) -> Iterator[object]:  # type: ignore[override]
+                return iter(())
+
+        with pytest.raises(ValueError, match="Out of range float"):
+            artifact_json(Hiding(a=float("nan"), b=None))
 
     def test_the_artifacts_clock_is_utc_to_the_microsecond(self) -> None:
         import re

@@ -191,7 +191,10 @@ class _Audit:
             self.problem(f"{path} cannot be derived again ({derived.reason}: "
                          f"{derived.message})")
         else:
-            self.view.read(path)  # readable and whole (a damaged blob is a HistoryProblem)
+            # Readable (an unreadable blob is a HistoryProblem). From the document cache
+            # when this process wrote or read it already; the store hashed the bytes it
+            # stored when it committed them, and verify checks every blob.
+            self.view.read(path)
             if derived != self.view.sha(path):  # the read bytes have the manifest's hash
                 self.problem(f"{path} is not what the case gives under the pinned policy")
 

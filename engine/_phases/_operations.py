@@ -64,7 +64,7 @@ def reopen_change(view: PackageView, reason: str, by: str) -> tuple[Change, Case
            "reason": reason, "reopened_by": person(by), "reopened_at": utc_now_iso()}
     change = Change(files={path: BytesSource.of(artifact_json(doc))},
                     pointers={"revision": path}, phase=REOPENED, analysis_revision=new)
-    return change, CaseStatus(status="READY", phase=REOPENED, reason="reopened")
+    return remember_written(change), CaseStatus(status="READY", phase=REOPENED, reason="reopened")
 
 
 def unblock_change(view: PackageView, spec: PhaseSpec, by: str) -> tuple[Change, CaseStatus]:
@@ -85,7 +85,8 @@ def unblock_change(view: PackageView, spec: PhaseSpec, by: str) -> tuple[Change,
            "after_series": series, "after_rounds": len(rounds),
            "unblocked_by": person(by), "unblocked_at": utc_now_iso()}
     change = Change(files={path: BytesSource.of(artifact_json(doc))})
-    return change, CaseStatus(status="READY", phase=spec.phase, reason="unblocked")
+    return remember_written(change), CaseStatus(status="READY", phase=spec.phase,
+                                                reason="unblocked")
 
 
 __all__ = ["INTERPRETATION_PHASE", "REOPENED", "confirm_change", "person", "reopen_change",

@@ -285,8 +285,9 @@ def judge_change(spec: PhaseSpec, view: PackageView, step: Judge, request: Dispa
     status = CaseStatus(status="ERROR", phase=spec.phase, reason=reason,
                         attempt_id=str(doc.get("attempt_id")))
     first = problems[0]
-    return Verdict(Change(files={path: BytesSource.of(artifact_json(errors))},
-                          pointers={f"{spec.pointer_prefix}_last_rejection": path}),
+    return Verdict(remember_written(Change(
+                       files={path: BytesSource.of(artifact_json(errors))},
+                       pointers={f"{spec.pointer_prefix}_last_rejection": path})),
                    status, ERROR, reason,
                    f"the answer was rejected ({len(problems)} problem(s); first: {first.rule} "
                    f"at '{first.pointer or '/'}': {first.message}); see {path}. Correct it "

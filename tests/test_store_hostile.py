@@ -221,10 +221,10 @@ class TestVerifyRacingWriters:
         writer = open_rw(root)
         writer.commit_batch([create("A-1")])
         reader = open_ro(root)
-        real = reader.package_ids
+        real = reader.generation_counts
         done = threading.Event()
 
-        def racing() -> list[str]:
+        def racing() -> dict[str, int]:
             if not done.is_set():
                 t = threading.Thread(target=lambda: writer.commit_batch([create("B-1")]))
                 t.start()
@@ -232,7 +232,7 @@ class TestVerifyRacingWriters:
                 done.set()
             return real()
 
-        monkeypatch.setattr(reader, "package_ids", racing)
+        monkeypatch.setattr(reader, "generation_counts", racing)
         report = verify_store(reader)
         assert report.ok, report.violations
         assert report.cases == 1  # B-1 is after verify's snapshot

@@ -248,7 +248,7 @@ class TestMigration:
                 "NEW-1")
         assert r.code == 0, r.err
         new = SqliteStore.open(root, write=False)
-        assert new.version == CURRENT_VERSION == 3
+        assert new.version == CURRENT_VERSION == 4
         for ref in new.list_cases():
             if ref.case_id in history:
                 assert [(g.generation, g.manifest_sha256, g.manifest)

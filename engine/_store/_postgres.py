@@ -527,11 +527,11 @@ class PostgresStore:
                 "GROUP BY 1, 2")}
 
     @guarded
-    def package_ids(self) -> list[str]:
-        with translate(self._display, "list packages"), self._connection() as conn:
-            rows = conn.execute("SELECT DISTINCT package_id FROM viano_generations "
-                                "ORDER BY package_id").fetchall()
-        return [r[0] for r in rows]
+    def generation_counts(self) -> dict[str, int]:
+        with translate(self._display, "count generations"), self._connection() as conn:
+            rows = conn.execute("SELECT package_id, COUNT(*) FROM viano_generations "
+                                "GROUP BY package_id").fetchall()
+        return {r[0]: r[1] for r in rows}
 
     @guarded
     def generations(self, package_id: str) -> list[GenerationRow]:

@@ -38,6 +38,7 @@ from urllib.parse import quote
 
 from .._errors import NotAStore, NotFound, StorageError, VianoError
 from .._ids import validate_case_id
+from . import _sqlite_chain as chain
 from ._blobs import BlobFiles, fsync_dir, verified_stream
 from ._common import (
     AWAITING_WHERE,
@@ -168,6 +169,11 @@ class SqliteStore:
     def _has_rows(self) -> bool:
         """Version 3 and later: blobs go to ``blob_rows``, indexed in the side file."""
         return self.version >= 3
+
+    @property
+    def _chained(self) -> bool:
+        """Version 4 and later: a generation is found by its chain (``_sqlite_chain``)."""
+        return self.version >= 4
 
     def _connect_writer(self) -> sqlite3.Connection:
         conn = _connect(self.db_path, writer=True)
@@ -302,30 +308,32 @@ class SqliteStore:
                 owners[case] = pkg
         return plan_input(requests, heads, owners, refused, inline, self.inline_threshold,
                           lambda pkg, gen: self._manifest(conn, pkg, gen),
-                          lambda pkg: [r[0] for r in conn.execute(
-                              "SELECT manifest_sha256 FROM generations WHERE package_id=? "
-                              "ORDER BY generation", (pkg,))])
+                          lambda pkg: [r.manifest_sha256 for r in chain.walk(conn, pkg)[::-1]])
 
     def _write(self, conn: sqlite3.Connection, rows: BatchRows) -> None:
         if self._legacy_blobs is None:
             self._legacy_blobs = has_legacy_blobs(conn)
         # A writer is always at the current version.
         write_blobs(conn, rows.blobs, search_legacy=self._legacy_blobs)
+        place = chain.Placer(conn, chain.head_rows(conn, sorted(rows.refs)))
         conn.executemany(
-            "INSERT INTO generations (package_id, generation, parent, manifest_sha256, "
-            "manifest, phase, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)", rows.generations)
+            "INSERT INTO generations (id, package_id, generation, parent, manifest_sha256, "
+            "manifest, phase, created_at, parent_row) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            place.rows(rows))
         conn.executemany(
             "INSERT INTO refs (package_id, case_id, generation, phase, analysis_revision, "
             "updated_at, status, status_phase, reason, round, max_rounds, due_at, attempt_id, "
-            "calls_started) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "calls_started, head_row) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (package_id) DO UPDATE SET generation=excluded.generation, "
             "phase=excluded.phase, analysis_revision=excluded.analysis_revision, "
             "updated_at=excluded.updated_at, status=excluded.status, "
             "status_phase=excluded.status_phase, reason=excluded.reason, "
             "round=excluded.round, max_rounds=excluded.max_rounds, due_at=excluded.due_at, "
-            "attempt_id=excluded.attempt_id, calls_started=excluded.calls_started",
-            [ref_row(r.package_id, r.case_id, r.generation, r.phase, r.analysis_revision,
-                      r.updated_at, r.status) for r in rows.refs.values()])
+            "attempt_id=excluded.attempt_id, calls_started=excluded.calls_started, "
+            "head_row=excluded.head_row",
+            [(*ref_row(r.package_id, r.case_id, r.generation, r.phase, r.analysis_revision,
+                       r.updated_at, r.status), place.row_of(r.package_id, r.generation))
+             for r in rows.refs.values()])
 
     # -- leases and maintenance --------------------------------------------------------
 
@@ -356,7 +364,7 @@ class SqliteStore:
     def index_problems(self) -> list[str]:
         """What makes the index unfit to judge the blobs by (verify and gc refuse then)."""
         with _translate("inspect the index"):
-            gens = self.reader.execute("SELECT COUNT(*) FROM generations").fetchone()[0]
+            gens = self.reader.execute("SELECT 1 FROM generations LIMIT 1").fetchone()
             blob_rows = self.reader.execute("SELECT COUNT(*) FROM blobs").fetchone()[0]
             if self._has_rows:
                 blob_rows += self.reader.execute(
@@ -490,15 +498,17 @@ class SqliteStore:
             return {(p, s): n for p, s, n in self.reader.execute(sql)}
 
     @guarded
-    def package_ids(self) -> list[str]:
-        with _translate("list packages"):
-            rows = self.reader.execute(
-                "SELECT DISTINCT package_id FROM generations ORDER BY package_id").fetchall()
-        return [r[0] for r in rows]
+    def generation_counts(self) -> dict[str, int]:
+        with _translate("count generations"):
+            return chain.counts(self.reader)
 
     @guarded
     def generations(self, package_id: str) -> list[GenerationRow]:
+        """The package's generations in order, as its chain links them (format 4; rows off
+        the chain are what :meth:`generation_counts` shows to ``verify``)."""
         with _translate("read generations"):
+            if self._chained:
+                return chain.walk(self.reader, package_id)[::-1]
             rows = self.reader.execute(
                 "SELECT package_id, generation, parent, manifest_sha256, manifest, phase, "
                 "created_at FROM generations WHERE package_id=? ORDER BY generation",
@@ -518,8 +528,12 @@ class SqliteStore:
             return cached
         check_generation(generation)
         with _translate("read a manifest"):
-            row = conn.execute("SELECT manifest, manifest_sha256 FROM generations WHERE "
-                               "package_id=? AND generation=?", key).fetchone()
+            if self._chained:
+                found = chain.find(conn, package_id, generation)
+                row = None if found is None else (found.manifest, found.manifest_sha256)
+            else:
+                row = conn.execute("SELECT manifest, manifest_sha256 FROM generations WHERE "
+                                   "package_id=? AND generation=?", key).fetchone()
         manifest = parse_stored_manifest(None if row is None else bytes(row[0]),
                                          "" if row is None else row[1], package_id,
                                          generation)

@@ -1,13 +1,15 @@
 """``viano verify``: recompute every hash and check every invariant of the store.
 
-Checked per package: generations 1..N are contiguous; each manifest's bytes hash to the
-recorded sha256, are canonical and pass every rule a local publication must
-(``Manifest.parse``); each generation is a valid successor of its parent (no file or
-pointer removed, no write-once file replaced, ids and revision consistent); the ref
-points at the last generation with its phase and revision; every file names a blob whose
-recomputed sha256 and size match. Each blob is hashed once however many generations share
-it, and a bad blob is reported once for each case that references it. Phase-level checks
-(the interpretation's bindings, the hypothesis registry) are passed in by the caller.
+Checked per package: generations 1..N are contiguous, and every generation row the store
+holds for the package is among them (the SQLite store finds them by their chain); each
+manifest's bytes hash to the recorded sha256, are canonical and pass every rule a local
+publication must (``Manifest.parse``); each generation is a valid successor of its parent
+(no file or pointer removed, no write-once file replaced, ids and revision consistent);
+the ref points at the last generation with its phase and revision; every file names a blob
+whose recomputed sha256 and size match. Each blob is hashed once however many generations
+share it, and a bad blob is reported once for each case that references it. Phase-level
+checks (the interpretation's bindings, the hypothesis registry) are passed in by the
+caller.
 
 A damaged generation never stops the check: it is reported and the rest goes on. Orphan
 blob files and leftover temporary files are counted (only crashes leave them; ``gc``
@@ -105,7 +107,8 @@ def _verify(store: Store, case_ids: Iterable[str] | None,
     if wanted is not None:
         known = {r.case_id for r in refs.values()}
         violations += [Violation(c, "no such case") for c in sorted(wanted - known)]
-    packages = store.package_ids()
+    counts = store.generation_counts()
+    packages = sorted(counts)
     for pkg in sorted(set(refs) - set(packages)):
         violations.append(Violation(refs[pkg].case_id, f"ref names package {pkg} which has "
                                                        "no generations"))
@@ -122,6 +125,11 @@ def _verify(store: Store, case_ids: Iterable[str] | None,
         n_cases += 1
         n_gens += len(rows)
         found, manifests = _check_chain(pkg, case_id, rows, ref, needed)
+        if ref is not None and counts[pkg] != len(rows):
+            # Rows the package's chain does not reach from its head (format 4): a broken
+            # link, or rows added beside the chain.
+            found.append(f"{counts[pkg] - len(rows)} of the package's {counts[pkg]} "
+                         "generation rows are not on its chain from the head")
         violations += [Violation(case_id, v) for v in found]
         for check in checks:
             try:

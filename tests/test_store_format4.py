@@ -1,0 +1,257 @@
+"""Store format 4: generations found by their chain, with no index to update.
+
+The (package_id, generation) index dirtied a 16 KiB page per publication once it outgrew a
+group commit (bench/store_sustained.py); format 4 drops it. These tests hold what that
+must not cost: a version-3 store migrates with every generation, status and hash kept; a
+chain tampered with behind the store's back is reported by ``verify`` (never followed into
+a loop, never read as someone else's generation); and a write on a damaged chain is
+refused as ``store_corrupt``, not written.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from engine import (
+    BytesSource,
+    Change,
+    ImportRequest,
+    PublishRequest,
+    SqliteStore,
+    StorageError,
+    verify_store,
+)
+from engine._store._sqlite_schema import CURRENT_VERSION
+from tests.conftest import Cli
+from tests.store_helpers import create, open_ro, open_rw
+
+pytestmark = pytest.mark.sqlite_only  # SQLite's format; PostgreSQL keeps its own index
+
+FIXTURE_V3 = Path(__file__).with_name("fixtures") / "store-v3.zip"
+
+
+def _unpack(tmp_path: Path) -> Path:
+    root = tmp_path / "v3"
+    with zipfile.ZipFile(FIXTURE_V3) as zf:
+        zf.extractall(root)
+    return root
+
+
+def _gens(log: object) -> list[int]:
+    assert isinstance(log, dict), log
+    return [g["package_generation"] for g in log["generations"]]
+
+
+def _db(root: Path) -> sqlite3.Connection:
+    return sqlite3.connect(root / "store.sqlite3", isolation_level=None)
+
+
+def _history(store: SqliteStore) -> dict[str, list[tuple[int, int | None, str, bytes]]]:
+    return {r.case_id: [(g.generation, g.parent, g.manifest_sha256, g.manifest)
+                        for g in store.generations(r.package_id)]
+            for r in store.list_cases()}
+
+
+def _publish(store: SqliteStore, case_id: str, name: str) -> object:
+    ref = store.case(case_id)
+    return store.commit_batch([PublishRequest(ref.package_id, case_id, ref.generation, Change(
+        files={f"work/{name}": BytesSource.of(name.encode())}))])[0]
+
+
+def _stack(store: Path, case: str, n: int) -> str:
+    """A case with ``n`` generations; its package id."""
+    s = open_rw(store)
+    try:
+        s.commit_batch([create(case)])
+        for i in range(n - 1):
+            _publish(s, case, f"g{i}.txt")
+        return str(s.case(case).package_id)
+    finally:
+        s.close()
+
+
+class TestMigrationFromVersion3:
+    def test_read_only_commands_read_it_as_it_is(self, cli: Cli, tmp_path: Path) -> None:
+        """A version-3 store read without a write stays at version 3, byte for byte, and
+        every generation reads through its old index."""
+        root = _unpack(tmp_path)
+        before = (root / "store.sqlite3").read_bytes()
+        assert cli("verify", "--store", root).code == 0
+        log = cli("log", "--store", root, "--json", "BUG-20").json
+        assert _gens(log) == [1, 2, 3, 4]
+        shown = cli("show", "--store", root, "--json", "BUG-20", "--generation", "2").json
+        assert isinstance(shown, dict) and shown["package_generation"] == 2
+        old = SqliteStore.open(root, write=False)
+        assert old.version == 3
+        old.close()
+        assert (root / "store.sqlite3").read_bytes() == before
+
+    def test_a_write_migrates_every_generation_and_status(self, cli: Cli, tmp_path: Path,
+                                                          sample: Path) -> None:
+        root = _unpack(tmp_path)
+        old = SqliteStore.open(root, write=False)
+        history = _history(old)
+        statuses = {r.case_id: (r.generation, r.status) for r in old.list_cases()}
+        old.close()
+        assert history["BUG-20"][-1][0] == 4 and history["TXT-2"][-1][0] == 2
+        r = cli("intake", "--store", root, "--report", sample / "report.json", "--case-id",
+                "NEW-1")
+        assert r.code == 0, r.err
+        new = SqliteStore.open(root, write=True)
+        assert new.version == CURRENT_VERSION == 4
+        after = _history(new)
+        assert {c: after[c] for c in history} == history
+        assert {r.case_id: (r.generation, r.status) for r in new.list_cases()
+                if r.case_id in statuses} == statuses
+        # The chain goes on from a migrated head, and reads back through it.
+        assert _publish(new, "BUG-20", "after.txt").generation == 5  # type: ignore[attr-defined]
+        assert [g.generation for g in new.generations(new.case("BUG-20").package_id)] == \
+            [1, 2, 3, 4, 5]
+        assert new.manifest(new.case("BUG-20").package_id, 2).package_generation == 2
+        new.close()
+        assert cli("verify", "--store", root).code == 0
+        conn = _db(root)
+        assert conn.execute("SELECT COUNT(*) FROM refs WHERE head_row IS NULL").fetchone() == (0,)
+        conn.close()
+
+    def test_the_migrated_schema_is_the_new_schema(self, cli: Cli, tmp_path: Path,
+                                                   sample: Path) -> None:
+        root = _unpack(tmp_path)
+        assert cli("intake", "--store", root, "--report", sample / "report.json",
+                   "--case-id", "N-1").code == 0
+        fresh = tmp_path / "fresh"
+        assert cli("intake", "--store", fresh, "--report", sample / "report.json").code == 0
+
+        def schema(db: Path) -> list[tuple[object, ...]]:
+            conn = sqlite3.connect(db)
+            rows = conn.execute("SELECT type, name, tbl_name FROM sqlite_master "
+                                "ORDER BY name").fetchall()
+            cols = [("col", t, c[1], c[2], c[5]) for t in ("refs", "generations")
+                    for c in conn.execute(f"PRAGMA table_info({t})")]
+            conn.close()
+            return rows + cols
+
+        assert schema(root / "store.sqlite3") == schema(fresh / "store.sqlite3")
+
+
+class TestNothingToUpdateButTheEnd:
+    def test_generations_have_no_index_but_their_id(self, tmp_path: Path) -> None:
+        """What the format is for: a publication appends its row and touches no index of
+        the generations table (the old primary-key index was half a batch's WAL)."""
+        _stack(tmp_path / "s", "A-1", 3)
+        conn = _db(tmp_path / "s")
+        assert conn.execute("PRAGMA index_list(generations)").fetchall() == []
+        ids = [r[0] for r in conn.execute("SELECT id FROM generations ORDER BY rowid")]
+        assert ids == sorted(ids) and len(ids) == 3
+        conn.close()
+
+    def test_old_generations_read_back_through_the_chain(self, tmp_path: Path) -> None:
+        pkg = _stack(tmp_path / "s", "A-1", 6)
+        _stack(tmp_path / "s", "B-1", 4)  # interleaved rows of another package
+        s = open_ro(tmp_path / "s")
+        assert [g.generation for g in s.generations(pkg)] == [1, 2, 3, 4, 5, 6]
+        for gen in range(1, 7):
+            assert s.manifest(pkg, gen).package_generation == gen
+        with pytest.raises(Exception) as info:
+            s.manifest(pkg, 7)
+        assert getattr(info.value, "reason", None) in ("unknown_generation",
+                                                       "unknown_case", "not_found")
+        s.close()
+
+    def test_two_generations_of_one_package_in_one_batch(self, tmp_path: Path) -> None:
+        """An import appends several generations in one request; each links to the one
+        before it in the same transaction."""
+        src = tmp_path / "src"
+        pkg = _stack(src, "A-1", 4)
+        s = open_ro(src)
+        manifests = [s.manifest(pkg, g) for g in range(1, 5)]
+        blobs = {e.sha256: s.read_blob(e.sha256) for m in manifests for e in m.files.values()}
+        s.close()
+
+        dst = open_rw(tmp_path / "dst")
+        out = dst.commit_batch([ImportRequest(
+            pkg, "A-1", tuple(manifests),
+            {sha: BytesSource.of(data) for sha, data in blobs.items()})])[0]
+        assert not isinstance(out, Exception), out
+        assert [g.generation for g in dst.generations(pkg)] == [1, 2, 3, 4]
+        dst.close()
+        assert verify_store(open_ro(tmp_path / "dst")).ok
+
+
+class TestTamperedChains:
+    """Each edit is made behind the store's back; verify names the case (exit 1), log and
+    show end, and nothing reads another package's generation as this one's."""
+
+    def _verify(self, cli: Cli, root: Path) -> str:
+        r = cli("verify", "--store", root)
+        assert r.code == 1, r.out
+        assert "A-1" in r.out, r.out
+        return r.out
+
+    def test_a_parent_link_to_itself_or_another_package(self, cli: Cli, tmp_path: Path
+                                                        ) -> None:
+        root = tmp_path / "s"
+        pkg = _stack(root, "A-1", 4)
+        other = _stack(root, "B-1", 3)
+        conn = _db(root)
+        g3 = conn.execute("SELECT id FROM generations WHERE package_id=? AND generation=3",
+                          (pkg,)).fetchone()[0]
+        b2 = conn.execute("SELECT id FROM generations WHERE package_id=? AND generation=2",
+                          (other,)).fetchone()[0]
+        conn.execute("UPDATE generations SET parent_row=? WHERE id=?", (g3, g3))
+        conn.close()
+        out = self._verify(cli, root)
+        assert "not on its chain" in out
+        log = cli("log", "--store", root, "--json", "A-1")
+        assert _gens(log.json) == [3, 4]
+        conn = _db(root)
+        conn.execute("UPDATE generations SET parent_row=? WHERE id=?", (b2, g3))
+        conn.close()
+        self._verify(cli, root)
+        s = open_ro(root)
+        with pytest.raises(StorageError):
+            s.manifest(pkg, 2)  # B-1's generation 2 is never served as A-1's
+        s.close()
+
+    def test_a_row_beside_the_chain(self, cli: Cli, tmp_path: Path) -> None:
+        """A generation row inserted for the package but linked from nothing."""
+        root = tmp_path / "s"
+        pkg = _stack(root, "A-1", 2)
+        conn = _db(root)
+        conn.execute("INSERT INTO generations (package_id, generation, parent, "
+                     "manifest_sha256, manifest, phase, created_at, parent_row) SELECT "
+                     "package_id, 3, 2, manifest_sha256, manifest, phase, created_at, id "
+                     "FROM generations WHERE package_id=? AND generation=2", (pkg,))
+        conn.close()
+        assert "1 of the package's 3 generation rows are not on its chain" in \
+            self._verify(cli, root)
+
+    def test_a_head_row_that_names_nothing(self, cli: Cli, tmp_path: Path) -> None:
+        """A damaged head link: verify reports it, and a write on top of that head is
+        refused as store_corrupt with nothing written (another case in the batch
+        commits)."""
+        root = tmp_path / "s"
+        _stack(root, "A-1", 2)
+        _stack(root, "B-1", 1)
+        conn = _db(root)
+        conn.execute("UPDATE refs SET head_row = 999999 WHERE case_id='A-1'")
+        conn.close()
+        self._verify(cli, root)
+        s = open_rw(root)
+        before = s.generation_counts()
+        a, b = s.case("A-1"), s.case("B-1")
+        outs = s.commit_batch([
+            PublishRequest(a.package_id, "A-1", a.generation,
+                           Change(files={"work/x": BytesSource.of(b"x")})),
+            PublishRequest(b.package_id, "B-1", b.generation,
+                           Change(files={"work/y": BytesSource.of(b"y")}))])
+        assert isinstance(outs[0], StorageError) and outs[0].reason == "store_corrupt"
+        assert getattr(outs[1], "generation", None) == 2, outs[1]
+        after = s.generation_counts()
+        assert after[a.package_id] == before[a.package_id]
+        assert after[b.package_id] == before[b.package_id] + 1
+        s.close()

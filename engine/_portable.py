@@ -30,7 +30,13 @@ import attrs
 
 from ._canonical import artifact_json
 from ._config import IntakeLimits
-from ._errors import ChangeRejected, DestinationRejected, ImportRejected, InvalidCaseId
+from ._errors import (
+    ChangeRejected,
+    DestinationRejected,
+    ImportRejected,
+    InvalidCaseId,
+    StorageError,
+)
 from ._ids import validate_case_id
 from ._intake import archive_kind, scan_archive
 from ._json import UntrustedJson, loads_untrusted
@@ -43,6 +49,7 @@ from ._store import (
     successor_violations,
 )
 from ._store._blobs import fsync_dir
+from ._store._common import parse_stored_manifest
 
 EXPORT_FORMAT = "viano-export/1"
 INDEX = "viano-export.json"
@@ -108,7 +115,14 @@ def export_package(store: Store, case_id: str, dest: Path, *, force: bool = Fals
     target = check_destination(dest, store_root, force=force)
     ref = store.case(case_id)
     rows = store.generations(ref.package_id)
-    manifests = [store.manifest(ref.package_id, r.generation) for r in rows]
+    # From the rows read (one read each), checked as every manifest read is; an archive
+    # must hold the whole history, 1 to the head, or nothing.
+    manifests = [parse_stored_manifest(r.manifest, r.manifest_sha256, ref.package_id,
+                                       r.generation) for r in rows]
+    if [m.package_generation for m in manifests] != list(range(1, ref.generation + 1)):
+        raise StorageError(f"case {case_id!r}: the store does not hold its whole history "
+                           f"(generations 1 to {ref.generation})", reason="store_corrupt",
+                           hint="Run 'viano verify' to see what is damaged.")
     index = {"format": EXPORT_FORMAT, "package_id": ref.package_id, "case_id": ref.case_id,
              "generations": [{"generation": m.package_generation,
                               "manifest_sha256": m.sha256} for m in manifests]}

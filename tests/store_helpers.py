@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sqlite3
@@ -44,6 +45,28 @@ def sql(store: Path, stmt: str, *params: object) -> None:
     """Edit the index behind the store's back (tests of damage and tampering): SQLite's
     file, or under the PostgreSQL backend the folder's database (``pg_dialect``)."""
     _run(store, stmt, params, fetch=False)
+
+
+def forge_generation(store: Path, package_id: str, generation: int, manifest: bytes,
+                     phase: str, created_at: str) -> None:
+    """Append a generation behind the store's back and make it the head, as a tamperer
+    with the index would: a row on the package's chain (SQLite's format 4 links it from
+    its parent's row and from the ref), with the manifest's true hash."""
+    sha = hashlib.sha256(manifest).hexdigest()
+    chained = not os.environ.get("VIANO_TEST_PG_ADMIN") and query(
+        store, "SELECT 1 FROM pragma_table_info('generations') WHERE name='parent_row'")
+    if chained:
+        sql(store, "INSERT INTO generations (package_id, generation, parent, manifest_sha256, "
+                   "manifest, phase, created_at, parent_row) VALUES (?, ?, ?, ?, ?, ?, ?, "
+                   "(SELECT id FROM generations WHERE package_id=? AND generation=?))",
+            package_id, generation, generation - 1, sha, manifest, phase, created_at,
+            package_id, generation - 1)
+        sql(store, "UPDATE refs SET generation=?, head_row=(SELECT MAX(id) FROM generations) "
+                   "WHERE package_id=?", generation, package_id)
+        return
+    sql(store, "INSERT INTO generations VALUES (?, ?, ?, ?, ?, ?, ?)", package_id,
+        generation, generation - 1, sha, manifest, phase, created_at)
+    sql(store, "UPDATE refs SET generation=? WHERE package_id=?", generation, package_id)
 
 
 def query(store: Path, stmt: str, *params: object) -> list[tuple[Any, ...]]:

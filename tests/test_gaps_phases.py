@@ -485,11 +485,10 @@ class TestPointersRemovedBehindTheStoresBack:
         manifest hash) drops the hypotheses' three pointers. The builder makes no call and
         no second batch (it reuses the one the files hold), and verify names the removed
         pointers."""
-        import hashlib
 
         import orjson
 
-        from tests.store_helpers import sql
+        from tests.store_helpers import forge_generation
 
         async with services(tmp_path / "s", _providers(server)) as sv:
             await _interpreted_and_confirmed(sv)
@@ -504,10 +503,8 @@ class TestPointersRemovedBehindTheStoresBack:
                   created_at="2030-01-01T00:00:00.000000Z",
                   pointers={k: v for k, v in m["pointers"].items() if k not in gone})
         raw = orjson.dumps(m2, option=orjson.OPT_SORT_KEYS)
-        sql(tmp_path / "s", "INSERT INTO generations VALUES (?, ?, ?, ?, ?, ?, ?)",
-            m["package_id"], g + 1, g, hashlib.sha256(raw).hexdigest(), raw, m["phase"],
-            m2["created_at"])
-        sql(tmp_path / "s", "UPDATE refs SET generation = ?", g + 1)
+        forge_generation(tmp_path / "s", m["package_id"], g + 1, raw, m["phase"],
+                         m2["created_at"])
         calls = len(server.requests)
         async with services(tmp_path / "s", _providers(server)) as sv:
             r = await dispatch_phase(sv, HYPOTHESES, "BUG-20", _hyp_request())

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from tests.conftest import Cli, snapshot
-from tests.store_helpers import sql
+from tests.store_helpers import forge_generation
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -226,9 +226,7 @@ class TestVerifyAndLogSeeTheSameRules:
                   files=_files_without([m], "inputs/"),
                   pointers={"catalogue": "case/catalogue.json", "intake": "case/intake.json"})
         raw = _encode(m2)
-        sql(store, "INSERT INTO generations VALUES (?, 2, 1, ?, ?, 'INTAKE', ?)",
-            m["package_id"], hashlib.sha256(raw).hexdigest(), raw, m2["created_at"])
-        sql(store, "UPDATE refs SET generation = 2")
+        forge_generation(store, m["package_id"], 2, raw, "INTAKE", m2["created_at"])
         r = cli("verify", "--store", store, "--json")
         assert r.code == 1
         assert any("removes file(s) inputs/report.json" in v["violation"]

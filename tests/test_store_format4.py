@@ -18,15 +18,17 @@ import pytest
 
 from engine import (
     BytesSource,
+    CaseStatus,
     Change,
     ImportRequest,
     PublishRequest,
     SqliteStore,
+    StatusRequest,
     StorageError,
     verify_store,
 )
 from engine._store._sqlite_schema import CURRENT_VERSION
-from tests.conftest import Cli
+from tests.conftest import Cli, child_env, run_viano
 from tests.store_helpers import create, open_ro, open_rw
 
 pytestmark = pytest.mark.sqlite_only  # SQLite's format; PostgreSQL keeps its own index
@@ -118,6 +120,30 @@ class TestMigrationFromVersion3:
         assert conn.execute("SELECT COUNT(*) FROM refs WHERE head_row IS NULL").fetchone() == (0,)
         conn.close()
 
+    def test_a_migration_killed_before_its_commit_leaves_format_3(self, tmp_path: Path,
+                                                                  sample: Path) -> None:
+        """The rebuild is one transaction: a process that dies just before COMMIT (os._exit
+        at the named crash point, what SIGKILL leaves) leaves the store at format 3 with
+        every generation; the next write migrates it."""
+        root = _unpack(tmp_path)
+        old = SqliteStore.open(root, write=False)
+        history = _history(old)
+        old.close()
+        intake = ("intake", "--store", root, "--report", sample / "report.json",
+                  "--case-id", "K-1")
+        r = run_viano(*intake, env=child_env(VIANO_CRASH_AT="migrate.before_commit"))
+        assert r.returncode == 137, (r.stdout, r.stderr)
+        after = SqliteStore.open(root, write=False)
+        assert after.version == 3 and _history(after) == history
+        after.close()
+        assert verify_store(open_ro(root)).ok
+        r = run_viano(*intake)
+        assert r.returncode == 0, r.stderr
+        new = SqliteStore.open(root, write=False)
+        assert new.version == 4
+        assert {c: h for c, h in _history(new).items() if c in history} == history
+        new.close()
+
     def test_the_migrated_schema_is_the_new_schema(self, cli: Cli, tmp_path: Path,
                                                    sample: Path) -> None:
         root = _unpack(tmp_path)
@@ -141,10 +167,15 @@ class TestMigrationFromVersion3:
 class TestNothingToUpdateButTheEnd:
     def test_generations_have_no_index_but_their_id(self, tmp_path: Path) -> None:
         """What the format is for: a publication appends its row and touches no index of
-        the generations table (the old primary-key index was half a batch's WAL)."""
+        the generations table (the old primary-key index was half a batch's WAL). The one
+        index left is partial: an entry per package, for its generation 1."""
         _stack(tmp_path / "s", "A-1", 3)
         conn = _db(tmp_path / "s")
-        assert conn.execute("PRAGMA index_list(generations)").fetchall() == []
+        assert [r[1] for r in conn.execute("PRAGMA index_list(generations)")] == [
+            "generations_first"]
+        sql = conn.execute("SELECT sql FROM sqlite_master WHERE name='generations_first'"
+                           ).fetchone()[0]
+        assert sql.endswith("WHERE generation = 1"), sql
         ids = [r[0] for r in conn.execute("SELECT id FROM generations ORDER BY rowid")]
         assert ids == sorted(ids) and len(ids) == 3
         conn.close()
@@ -186,6 +217,15 @@ class TestTamperedChains:
     """Each edit is made behind the store's back; verify names the case (exit 1), log and
     show end, and nothing reads another package's generation as this one's."""
 
+    def _whole_history_refused(self, cli: Cli, root: Path, tmp_path: Path) -> None:
+        """log and export need the whole history: a chain that does not reach generation
+        1 is store_corrupt (exit 1), and no archive is written."""
+        for args in (["log", "A-1"], ["export", "A-1", str(tmp_path / "a.zip")]):
+            r = cli(*args, "--store", root, "--json")
+            assert r.code == 1, (args, r.out)
+            assert r.json["error"]["reason"] == "store_corrupt", r.out  # type: ignore[index]
+        assert not (tmp_path / "a.zip").exists()
+
     def _verify(self, cli: Cli, root: Path) -> str:
         r = cli("verify", "--store", root)
         assert r.code == 1, r.out
@@ -205,9 +245,8 @@ class TestTamperedChains:
         conn.execute("UPDATE generations SET parent_row=? WHERE id=?", (g3, g3))
         conn.close()
         out = self._verify(cli, root)
-        assert "not on its chain" in out
-        log = cli("log", "--store", root, "--json", "A-1")
-        assert _gens(log.json) == [3, 4]
+        assert "broken below generation 3" in out
+        self._whole_history_refused(cli, root, tmp_path)
         conn = _db(root)
         conn.execute("UPDATE generations SET parent_row=? WHERE id=?", (b2, g3))
         conn.close()
@@ -241,6 +280,7 @@ class TestTamperedChains:
         conn.execute("UPDATE refs SET head_row = 999999 WHERE case_id='A-1'")
         conn.close()
         self._verify(cli, root)
+        self._whole_history_refused(cli, root, tmp_path)
         s = open_rw(root)
         before = s.generation_counts()
         a, b = s.case("A-1"), s.case("B-1")
@@ -254,4 +294,92 @@ class TestTamperedChains:
         after = s.generation_counts()
         assert after[a.package_id] == before[a.package_id]
         assert after[b.package_id] == before[b.package_id] + 1
+        s.close()
+
+    @pytest.mark.parametrize("damage", ["NULL", "'text'", "1.5", "another package's row"])
+    def test_a_damaged_head_refuses_only_its_own_requests(self, tmp_path: Path,
+                                                          damage: str) -> None:
+        """In a writer whose manifest cache already holds the head (so the plan never
+        reads it), a damaged head link still refuses that case's requests, status changes
+        included, and only those: the rest of the group commit is written."""
+        root = tmp_path / "s"
+        s = open_rw(root)
+        s.commit_batch([create("A-1"), create("B-1")])
+        _publish(s, "A-1", "warm.txt")
+        _publish(s, "B-1", "warm.txt")
+        a, b = s.case("A-1"), s.case("B-1")
+        conn = _db(root)
+        value = "(SELECT head_row FROM refs WHERE case_id='B-1')" \
+            if damage == "another package's row" else damage
+        conn.execute(f"UPDATE refs SET head_row = {value} WHERE case_id='A-1'")
+        conn.close()
+        before = s.generation_counts()
+        outs = s.commit_batch([
+            StatusRequest(a.package_id, "A-1", a.generation, CaseStatus(
+                status="RETRY_PENDING", phase="INTAKE", reason="timeout", due_at=1.0)),
+            PublishRequest(a.package_id, "A-1", a.generation,
+                           Change(files={"work/x": BytesSource.of(b"x")})),
+            PublishRequest(b.package_id, "B-1", b.generation,
+                           Change(files={"work/y": BytesSource.of(b"y")}))])
+        assert [getattr(o, "reason", None) for o in outs[:2]] == ["store_corrupt"] * 2, outs
+        assert getattr(outs[2], "generation", None) == 3, outs[2]
+        after = s.generation_counts()
+        assert after[a.package_id] == before[a.package_id]
+        assert after[b.package_id] == before[b.package_id] + 1
+        assert s.case("A-1").status == a.status  # the status change was not written
+        s.close()
+
+    def test_a_writer_of_format_3_cannot_write_off_the_chain(self, tmp_path: Path) -> None:
+        """A process of the previous version that opened the store before it was migrated
+        still inserts generation rows the format-3 way: the insert fails (parent_row is
+        NOT NULL) and nothing is written, so no chain is broken by an upgrade."""
+        root = tmp_path / "s"
+        pkg = _stack(root, "A-1", 2)
+        conn = _db(root)
+        with pytest.raises(sqlite3.IntegrityError):
+            conn.execute("INSERT INTO generations (package_id, generation, parent, "
+                         "manifest_sha256, manifest, phase, created_at) SELECT package_id, "
+                         "3, 2, manifest_sha256, manifest, phase, created_at FROM "
+                         "generations WHERE package_id=? AND generation=2", (pkg,))
+        conn.close()
+        assert verify_store(open_ro(root)).ok
+
+    def test_a_history_is_never_written_twice(self, cli: Cli, tmp_path: Path) -> None:
+        """With the case index's row lost (deleted behind the store's back), importing
+        the package's own export again is refused: its generation 1 is still there, and
+        a second copy of the history beside it would be rows no chain reaches."""
+        root = tmp_path / "s"
+        pkg = _stack(root, "A-1", 3)
+        assert cli("export", "A-1", str(tmp_path / "a.zip"), "--store", root).code == 0
+        conn = _db(root)
+        conn.execute("DELETE FROM refs WHERE case_id='A-1'")
+        conn.close()
+        before = open_ro(root).generation_counts()
+        r = cli("import", str(tmp_path / "a.zip"), "--store", root, "--json")
+        assert r.code != 0, r.out
+        assert "store_corrupt" in r.out, r.out
+        assert open_ro(root).generation_counts() == before == {pkg: 3}
+        conn = _db(root)
+        with pytest.raises(sqlite3.IntegrityError):  # and the index says so by itself
+            conn.execute("INSERT INTO generations (package_id, generation, parent, "
+                         "manifest_sha256, manifest, phase, created_at, parent_row) SELECT "
+                         "package_id, 1, NULL, manifest_sha256, manifest, phase, created_at,"
+                         " 0 FROM generations WHERE package_id=? AND generation=1", (pkg,))
+        conn.close()
+
+    def test_a_forged_row_with_the_largest_id_does_not_stop_writes(self, tmp_path: Path
+                                                                   ) -> None:
+        root = tmp_path / "s"
+        pkg = _stack(root, "A-1", 2)
+        conn = _db(root)
+        conn.execute("INSERT INTO generations (id, package_id, generation, parent, "
+                     "manifest_sha256, manifest, phase, created_at, parent_row) SELECT "
+                     "9223372036854775807, 'forged', 2, 1, manifest_sha256, manifest, phase, "
+                     "created_at, 0 FROM generations WHERE package_id=? AND generation=2",
+                     (pkg,))
+        conn.close()
+        s = open_rw(root)
+        assert getattr(_publish(s, "A-1", "after.txt"), "generation", None) == 3
+        assert getattr(s.commit_batch([create("B-1")])[0], "generation", None) == 1
+        assert [g.generation for g in s.generations(pkg)] == [1, 2, 3]
         s.close()

@@ -230,10 +230,14 @@ def plan_input(requests: Sequence[Request], heads: dict[str, Head], owners: dict
             broken[pkg] = exc
     histories: dict[str, list[str]] = {}
     for i, req in enumerate(requests):
+        if isinstance(req, ImportRequest) and req.package_id not in histories and \
+                req.package_id not in broken:
+            try:
+                histories[req.package_id] = history(req.package_id)
+            except VianoError as exc:  # a damaged history refuses that package's requests
+                broken[req.package_id] = exc
         if req.package_id in broken and refused[i] is None:
             refused[i] = broken[req.package_id]
-        if isinstance(req, ImportRequest) and req.package_id not in histories:
-            histories[req.package_id] = history(req.package_id)
     return PlanInput(requests=requests, heads=heads, owners=owners, parents=parents,
                      histories=histories, refused=refused, inline=inline,
                      inline_threshold=inline_threshold, now=utc_now_iso())

@@ -27,6 +27,7 @@ CRASH_POINTS: tuple[str, ...] = (
     "txn.before_commit",   # every row of the batch is written, COMMIT not yet issued
     "txn.after_commit",    # COMMIT is durable, callers not yet answered
     "gc.before_unlink",    # gc chose an orphan, has not removed it
+    "migrate.before_commit",  # a store-format migration is written, COMMIT not yet issued
     "phase.entered",       # a phase's policy and context are durable; no model call yet
     "phase.answered",      # the gateway answered; the round is not recorded yet
     "phase.recorded",      # the round record is durable; the answer not yet judged

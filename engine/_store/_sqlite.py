@@ -268,8 +268,9 @@ class SqliteStore:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 recheck_files(self._blob_files, large, refused)
-                rows = plan_batch(self._plan_input(conn, requests, refused, inline))
-                self._write(conn, rows)
+                plan, head_rows = self._plan_input(conn, requests, refused, inline)
+                rows = plan_batch(plan)
+                self._write(conn, rows, head_rows)
                 crash_point("txn.before_commit")
                 conn.execute("COMMIT")
             except BaseException:
@@ -289,7 +290,8 @@ class SqliteStore:
             attach_for_writing(conn, self.root, store_id)
 
     def _plan_input(self, conn: sqlite3.Connection, requests: Sequence[Request],
-                    refused: list[VianoError | None], inline: dict[str, bytes]) -> PlanInput:
+                    refused: list[VianoError | None], inline: dict[str, bytes]
+                    ) -> tuple[PlanInput, dict[str, tuple[int, int]]]:
         pkgs = sorted({r.package_id for r in requests})
         heads: dict[str, Head] = {}
         owners: dict[str, str] = {}
@@ -306,20 +308,37 @@ class SqliteStore:
             for case, pkg in conn.execute(
                     f"SELECT case_id, package_id FROM refs WHERE case_id IN ({marks})", chunk):
                 owners[case] = pkg
+        head_rows, damaged, lost = chain.heads(conn, pkgs)
+        for i, req in enumerate(requests):
+            if refused[i] is None and req.package_id in damaged:
+                refused[i] = StorageError(
+                    f"case {req.case_id!r}: the index's row for its head names no row that "
+                    "holds it", reason="store_corrupt", hint=self.repair_hint + ".")
+            elif refused[i] is None and req.package_id in lost:
+                refused[i] = StorageError(
+                    f"package {req.package_id} already has generations, but the case index "
+                    "has no row for it", reason="store_corrupt", hint="Run 'viano verify'.")
         return plan_input(requests, heads, owners, refused, inline, self.inline_threshold,
                           lambda pkg, gen: self._manifest(conn, pkg, gen),
-                          lambda pkg: [r.manifest_sha256 for r in chain.walk(conn, pkg)[::-1]])
+                          lambda pkg: chain.history_hashes(conn, pkg)), head_rows
 
-    def _write(self, conn: sqlite3.Connection, rows: BatchRows) -> None:
+    def _write(self, conn: sqlite3.Connection, rows: BatchRows,
+               head_rows: dict[str, tuple[int, int]]) -> None:
         if self._legacy_blobs is None:
             self._legacy_blobs = has_legacy_blobs(conn)
         # A writer is always at the current version.
         write_blobs(conn, rows.blobs, search_legacy=self._legacy_blobs)
-        place = chain.Placer(conn, chain.head_rows(conn, sorted(rows.refs)))
-        conn.executemany(
-            "INSERT INTO generations (id, package_id, generation, parent, manifest_sha256, "
-            "manifest, phase, created_at, parent_row) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            place.rows(rows))
+        placed = chain.append(conn, rows, head_rows)
+
+        def head_row(pkg: str, generation: int) -> int:
+            # Written in this batch, or the head as it was (a status change alone).
+            row_id = placed.get((pkg, generation)) or chain.head_row(head_rows, pkg,
+                                                                      generation)
+            if row_id is None:
+                raise StorageError(f"package {pkg}: no row for its new head",
+                                   reason="internal_error")
+            return row_id
+
         conn.executemany(
             "INSERT INTO refs (package_id, case_id, generation, phase, analysis_revision, "
             "updated_at, status, status_phase, reason, round, max_rounds, due_at, attempt_id, "
@@ -332,7 +351,7 @@ class SqliteStore:
             "attempt_id=excluded.attempt_id, calls_started=excluded.calls_started, "
             "head_row=excluded.head_row",
             [(*ref_row(r.package_id, r.case_id, r.generation, r.phase, r.analysis_revision,
-                       r.updated_at, r.status), place.row_of(r.package_id, r.generation))
+                       r.updated_at, r.status), head_row(r.package_id, r.generation))
              for r in rows.refs.values()])
 
     # -- leases and maintenance --------------------------------------------------------
@@ -508,7 +527,7 @@ class SqliteStore:
         the chain are what :meth:`generation_counts` shows to ``verify``)."""
         with _translate("read generations"):
             if self._chained:
-                return chain.walk(self.reader, package_id)[::-1]
+                return chain.history(self.reader, package_id)
             rows = self.reader.execute(
                 "SELECT package_id, generation, parent, manifest_sha256, manifest, phase, "
                 "created_at FROM generations WHERE package_id=? ORDER BY generation",
@@ -529,7 +548,7 @@ class SqliteStore:
         check_generation(generation)
         with _translate("read a manifest"):
             if self._chained:
-                found = chain.find(conn, package_id, generation)
+                found = chain.find(conn, package_id, generation)  # a broken chain raises
                 row = None if found is None else (found.manifest, found.manifest_sha256)
             else:
                 row = conn.execute("SELECT manifest, manifest_sha256 FROM generations WHERE "
@@ -726,6 +745,7 @@ def _migrate(root: Path, db: Path, version: int) -> int:
                         else str(uuid.uuid4())
                     _write_id(root, store_id)
                     migrate(conn, current, store_id)
+                    crash_point("migrate.before_commit")
                     log.info("migrated %s from store format %d to %d", root, current,
                              CURRENT_VERSION)
                 conn.execute("COMMIT")
@@ -756,13 +776,13 @@ def _connect(path: Path, *, writer: bool) -> sqlite3.Connection:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
                                timeout=30.0)
         if writer:
-            # Takes effect only when the database is created. 16 KiB: each package a
-            # group commit publishes inserts at its own leaf of the generations index,
-            # so once that index outgrows a batch every publication dirties a whole page;
-            # with 32 KiB pages it wrote 94-95 KiB per publication at 4 GB, with 16 KiB
-            # 77-78 (bench/store_sustained.py, see the README). The
-            # blob rows are appended either way (format 3), so small pages cost them
-            # only space: ~9% more file for 2-8 KiB blobs than 32 KiB pages.
+            # Takes effect only when the database is created. 16 KiB was chosen while each
+            # package a group commit published inserted at its own leaf of the
+            # generations index (format 3): with 32 KiB pages that wrote 94-95 KiB per
+            # publication at 4 GB, with 16 KiB 77-78 (bench/store_sustained.py, see the
+            # README). Format 4 has no such index; blob and generation rows are appended,
+            # so small pages cost them only space: ~9% more file for 2-8 KiB blobs than
+            # 32 KiB pages.
             conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")

@@ -22,7 +22,9 @@ Version history:
    index outgrew a batch every publication dirtied a whole 16 KiB page of it (257 of a
    batch's ~590 pages of WAL at 1.8 GB, bench/store_sustained.py). A generation is found
    by its chain instead: ``refs.head_row`` names the head's row (``generations.id``) and
-   each row's ``parent_row`` its parent's, so rows are only ever appended. The migration
+   each row's ``parent_row`` its parent's (0 for a generation 1; NOT NULL, so a writer of
+   format 3 still running cannot add a row off the chain), so rows are only ever appended.
+   A partial unique index holds one entry per package, for its generation 1. The migration
    rebuilds the table once (the old rowids become the ids) and fills both columns.
 """
 
@@ -77,14 +79,16 @@ def _to_v4(conn: sqlite3.Connection, _store_id: str) -> None:
         "CREATE TABLE chained (id INTEGER PRIMARY KEY, package_id TEXT NOT NULL, "
         "generation INTEGER NOT NULL, parent INTEGER, manifest_sha256 TEXT NOT NULL, "
         "manifest BLOB NOT NULL, phase TEXT NOT NULL, created_at TEXT NOT NULL, "
-        "parent_row INTEGER)")
+        "parent_row INTEGER NOT NULL)")
     conn.execute(
         "INSERT INTO chained SELECT g.rowid, g.package_id, g.generation, g.parent, "
-        "g.manifest_sha256, g.manifest, g.phase, g.created_at, (SELECT p.rowid FROM "
-        "generations p WHERE p.package_id = g.package_id AND p.generation = g.parent) "
-        "FROM generations g ORDER BY g.rowid")
+        "g.manifest_sha256, g.manifest, g.phase, g.created_at, COALESCE((SELECT p.rowid "
+        "FROM generations p WHERE p.package_id = g.package_id AND p.generation = g.parent),"
+        " 0) FROM generations g ORDER BY g.rowid")
     conn.execute("DROP TABLE generations")
     conn.execute("ALTER TABLE chained RENAME TO generations")
+    conn.execute("CREATE UNIQUE INDEX generations_first ON generations (package_id) "
+                 "WHERE generation = 1")
 
 
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection, str], None]] = {

@@ -118,7 +118,13 @@ def _verify(store: Store, case_ids: Iterable[str] | None,
     for pkg in packages:
         ref = refs.get(pkg)
         case_id = ref.case_id if ref else f"(package {pkg})"
-        rows = store.generations(pkg)
+        try:
+            rows = store.generations(pkg)
+        except StorageError as exc:  # a chain that cannot be followed (format 4)
+            if wanted is None or case_id in wanted:
+                n_cases += 1
+                violations.append(Violation(case_id, exc.message))
+            continue
         if wanted is not None and case_id not in wanted:
             referenced |= _references(rows)
             continue

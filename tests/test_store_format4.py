@@ -52,6 +52,25 @@ def _db(root: Path) -> sqlite3.Connection:
     return sqlite3.connect(root / "store.sqlite3", isolation_level=None)
 
 
+def _forge(root: Path, pkg: str, like: int, **values: object) -> None:
+    """Insert a generation row behind the store's back: a copy of the package's generation
+    ``like`` with ``values`` (column: SQL expression or value) put in its place."""
+    columns = ["package_id", "generation", "parent", "manifest_sha256", "manifest",
+               "phase", "created_at", "parent_row", *(["id"] if "id" in values else [])]
+    if values.get("parent_row") is ...:  # a format-3 writer: it knows no parent_row
+        columns.remove("parent_row")
+        del values["parent_row"]
+    select = [repr(values[c]) if c in values and not isinstance(values[c], str)
+              else (f"'{values[c]}'" if c in values else c) for c in columns]
+    conn = _db(root)
+    try:
+        conn.execute(f"INSERT INTO generations ({', '.join(columns)}) SELECT "
+                     f"{', '.join(select)} FROM generations WHERE package_id=? AND "
+                     "generation=?", (pkg, like))
+    finally:
+        conn.close()
+
+
 def _history(store: SqliteStore) -> dict[str, list[tuple[int, int | None, str, bytes]]]:
     return {r.case_id: [(g.generation, g.parent, g.manifest_sha256, g.manifest)
                         for g in store.generations(r.package_id)]
@@ -261,11 +280,10 @@ class TestTamperedChains:
         root = tmp_path / "s"
         pkg = _stack(root, "A-1", 2)
         conn = _db(root)
-        conn.execute("INSERT INTO generations (package_id, generation, parent, "
-                     "manifest_sha256, manifest, phase, created_at, parent_row) SELECT "
-                     "package_id, 3, 2, manifest_sha256, manifest, phase, created_at, id "
-                     "FROM generations WHERE package_id=? AND generation=2", (pkg,))
+        g2 = conn.execute("SELECT id FROM generations WHERE package_id=? AND generation=2",
+                          (pkg,)).fetchone()[0]
         conn.close()
+        _forge(root, pkg, 2, generation=3, parent=2, parent_row=g2)
         assert "1 of the package's 3 generation rows are not on its chain" in \
             self._verify(cli, root)
 
@@ -335,13 +353,8 @@ class TestTamperedChains:
         NOT NULL) and nothing is written, so no chain is broken by an upgrade."""
         root = tmp_path / "s"
         pkg = _stack(root, "A-1", 2)
-        conn = _db(root)
         with pytest.raises(sqlite3.IntegrityError):
-            conn.execute("INSERT INTO generations (package_id, generation, parent, "
-                         "manifest_sha256, manifest, phase, created_at) SELECT package_id, "
-                         "3, 2, manifest_sha256, manifest, phase, created_at FROM "
-                         "generations WHERE package_id=? AND generation=2", (pkg,))
-        conn.close()
+            _forge(root, pkg, 2, generation=3, parent=2, parent_row=...)
         assert verify_store(open_ro(root)).ok
 
     def test_a_history_is_never_written_twice(self, cli: Cli, tmp_path: Path) -> None:
@@ -359,25 +372,14 @@ class TestTamperedChains:
         assert r.code != 0, r.out
         assert "store_corrupt" in r.out, r.out
         assert open_ro(root).generation_counts() == before == {pkg: 3}
-        conn = _db(root)
         with pytest.raises(sqlite3.IntegrityError):  # and the index says so by itself
-            conn.execute("INSERT INTO generations (package_id, generation, parent, "
-                         "manifest_sha256, manifest, phase, created_at, parent_row) SELECT "
-                         "package_id, 1, NULL, manifest_sha256, manifest, phase, created_at,"
-                         " 0 FROM generations WHERE package_id=? AND generation=1", (pkg,))
-        conn.close()
+            _forge(root, pkg, 1, parent_row=0)
 
     def test_a_forged_row_with_the_largest_id_does_not_stop_writes(self, tmp_path: Path
                                                                    ) -> None:
         root = tmp_path / "s"
         pkg = _stack(root, "A-1", 2)
-        conn = _db(root)
-        conn.execute("INSERT INTO generations (id, package_id, generation, parent, "
-                     "manifest_sha256, manifest, phase, created_at, parent_row) SELECT "
-                     "9223372036854775807, 'forged', 2, 1, manifest_sha256, manifest, phase, "
-                     "created_at, 0 FROM generations WHERE package_id=? AND generation=2",
-                     (pkg,))
-        conn.close()
+        _forge(root, pkg, 2, id=2**63 - 1, package_id="forged", parent_row=0)
         s = open_rw(root)
         assert getattr(_publish(s, "A-1", "after.txt"), "generation", None) == 3
         assert getattr(s.commit_batch([create("B-1")])[0], "generation", None) == 1

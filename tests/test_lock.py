@@ -50,6 +50,22 @@ class TestLease:
             pass
         store.close()
 
+    @pytest.mark.sqlite_only  # the lock files of the SQLite backend
+    def test_a_removed_locks_folder_is_made_again(self, tmp_path: Path) -> None:
+        """The folder is made when a lock file cannot be opened for its lack (not before
+        every lease): removed behind the store's back, it comes back, and the lease still
+        excludes a second holder."""
+        import shutil
+
+        store = open_rw(tmp_path / "s")
+        with store.lease("A-1"):
+            pass
+        shutil.rmtree(tmp_path / "s" / "locks")
+        with store.lease("A-1"), pytest.raises(CaseLocked), store.lease("A-1"):
+            pass
+        assert (tmp_path / "s" / "locks" / "A-1.lock").is_file()
+        store.close()
+
     def test_other_process_holds_it(self, tmp_path: Path, holder: subprocess.Popen[str]) -> None:
         """A lease held by another process is refused without waiting (the call returns
         while the holder still holds it: it would block forever otherwise)."""

@@ -20,11 +20,18 @@ from .._errors import CaseLocked, StorageError
 
 
 @contextmanager
-def flock_lease(locks: Path, case_id: str) -> Iterator[None]:
-    """Hold the lease on ``case_id`` (already validated: it is a safe file name)."""
+def flock_lease(locks: str | Path, case_id: str) -> Iterator[None]:
+    """Hold the lease on ``case_id`` (already validated: it is a safe file name). The
+    folder is made only when the lock file cannot be opened for its lack: a ``mkdir`` per
+    lease (and pathlib's joins) was a twentieth of a batch's CPU."""
+    path = os.path.join(locks, case_id + ".lock")
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
     try:
-        locks.mkdir(parents=True, exist_ok=True)
-        fd = os.open(locks / f"{case_id}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(path, flags, 0o644)
+        except FileNotFoundError:
+            os.makedirs(locks, exist_ok=True)
+            fd = os.open(path, flags, 0o644)
     except OSError as exc:
         read_only = exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
         raise StorageError(f"cannot take the lease on case {case_id!r}: "

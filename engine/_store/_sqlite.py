@@ -134,6 +134,7 @@ class SqliteStore:
         self._cache = ManifestCache()
         self._committed = Committed()
         self._gate = Gate(str(root))
+        self._locks = str(root / "locks")
 
     # -- opening ---------------------------------------------------------------------
 
@@ -363,7 +364,7 @@ class SqliteStore:
         if not self._writable:
             raise StorageError(f"the store at {self.root} is open read-only",
                                reason="store_read_only")
-        with flock_lease(self.root / "locks", validate_case_id(case_id)):
+        with flock_lease(self._locks, validate_case_id(case_id)):
             yield
 
     @contextmanager

@@ -35,7 +35,6 @@ from ._errors import (
     DestinationRejected,
     ImportRejected,
     InvalidCaseId,
-    StorageError,
 )
 from ._ids import validate_case_id
 from ._intake import archive_kind, scan_archive
@@ -47,6 +46,7 @@ from ._store import (
     Store,
     ZipMemberSource,
     successor_violations,
+    whole_history,
 )
 from ._store._blobs import fsync_dir
 from ._store._common import parse_stored_manifest
@@ -113,16 +113,10 @@ def _check_destination(dest: Path, store_root: Path | None, *, force: bool) -> P
 def export_package(store: Store, case_id: str, dest: Path, *, force: bool = False,
                    store_root: Path | None = None) -> ExportSummary:
     target = check_destination(dest, store_root, force=force)
-    ref = store.case(case_id)
-    rows = store.generations(ref.package_id)
-    # From the rows read (one read each), checked as every manifest read is; an archive
-    # must hold the whole history, 1 to the head, or nothing.
+    ref, rows = whole_history(store, case_id)  # the whole history, 1 to the head, or nothing
+    # From the rows read (one read each), checked as every manifest read is.
     manifests = [parse_stored_manifest(r.manifest, r.manifest_sha256, ref.package_id,
                                        r.generation) for r in rows]
-    if [m.package_generation for m in manifests] != list(range(1, ref.generation + 1)):
-        raise StorageError(f"case {case_id!r}: the store does not hold its whole history "
-                           f"(generations 1 to {ref.generation})", reason="store_corrupt",
-                           hint="Run 'viano verify' to see what is damaged.")
     index = {"format": EXPORT_FORMAT, "package_id": ref.package_id, "case_id": ref.case_id,
              "generations": [{"generation": m.package_generation,
                               "manifest_sha256": m.sha256} for m in manifests]}

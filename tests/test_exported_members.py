@@ -56,7 +56,7 @@ ENGINE_API = [
     "reopen_change", "report_document", "report_markdown", "retry_after_seconds",
     "round_change", "running", "sha256_hex", "successor_violations", "terminal_safe",
     "tune_collector", "unblock_change", "utc_now_iso", "validate_case_id", "validate_hypotheses",
-    "validate_interpretation", "verify_store",
+    "validate_interpretation", "verify_store", "whole_history",
 ]
 
 ACTORS_API = [

@@ -385,3 +385,57 @@ class TestTamperedChains:
         assert getattr(s.commit_batch([create("B-1")])[0], "generation", None) == 1
         assert [g.generation for g in s.generations(pkg)] == [1, 2, 3]
         s.close()
+
+    def test_a_head_row_below_the_ref(self, cli: Cli, tmp_path: Path) -> None:
+        """The ref says generation 5 and its head row holds generation 3 (whose chain is
+        whole): log and export refuse rather than show 1-3 as the whole history."""
+        root = tmp_path / "s"
+        pkg = _stack(root, "A-1", 5)
+        conn = _db(root)
+        conn.execute("UPDATE refs SET head_row = (SELECT id FROM generations WHERE "
+                     "package_id=? AND generation=3) WHERE case_id='A-1'", (pkg,))
+        conn.close()
+        self._verify(cli, root)
+        self._whole_history_refused(cli, root, tmp_path)
+
+    def test_gc_refuses_a_manifest_stored_as_text(self, cli: Cli, tmp_path: Path) -> None:
+        root = tmp_path / "s"
+        _stack(root, "A-1", 2)
+        conn = _db(root)
+        conn.execute("UPDATE generations SET manifest = CAST(manifest AS TEXT) "
+                     "WHERE generation = 2")
+        conn.close()
+        r = cli("gc", "--store", root, "--min-age", "0", "--json")
+        assert r.code == 1, r.out
+        assert r.json["error"]["reason"] == "store_corrupt", r.out  # type: ignore[index]
+
+
+class TestWholeHistoryIsOneState:
+    def test_export_does_not_half_see_a_publication(self, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+        """A publication committed between export's read of the case and of its
+        generations is not seen at all (one read transaction), so the archive holds the
+        history as of the first read, whole, instead of a false store_corrupt."""
+        import threading
+
+        from engine import export_package
+
+        root = tmp_path / "s"
+        _stack(root, "A-1", 3)
+        writer = open_rw(root)
+        reader = open_ro(root)
+        real = reader.case
+
+        def racing(case_id: str) -> object:
+            ref = real(case_id)
+            t = threading.Thread(target=lambda: _publish(writer, "A-1", "late.txt"))
+            t.start()
+            t.join()
+            return ref
+
+        monkeypatch.setattr(reader, "case", racing)
+        summary = export_package(reader, "A-1", tmp_path / "a.zip")
+        assert summary.generations == 3, summary
+        assert writer.case("A-1").generation == 4  # the publication did commit
+        writer.close()
+        reader.close()

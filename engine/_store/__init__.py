@@ -27,6 +27,7 @@ from ._protocol import BlobInfo as BlobInfo
 from ._protocol import CaseRef as CaseRef
 from ._protocol import Store as Store
 from ._protocol import StoreStats as StoreStats
+from ._protocol import whole_history as whole_history
 from ._requests import STATUSES as STATUSES
 from ._requests import CaseStatus as CaseStatus
 from ._requests import ImportRequest as ImportRequest

@@ -340,7 +340,11 @@ def referenced_hashes(rows: Iterable[tuple[str, int, bytes, str]]) -> set[str]:
     refs: set[str] = set()
     for pkg, gen, raw, sha in rows:
         try:
-            manifest = Manifest.parse(bytes(raw), sha)
+            if isinstance(raw, (memoryview, bytearray)):
+                raw = bytes(raw)
+            if not isinstance(raw, bytes):  # only a damaged row holds anything else
+                raise ChangeRejected(f"the manifest is stored as {type(raw).__name__}")
+            manifest = Manifest.parse(raw, sha)
         except ChangeRejected as exc:
             raise StorageError(f"generation {gen} of package {pkg} is damaged, so gc "
                                "cannot know what it references; nothing was removed",

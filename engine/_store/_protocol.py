@@ -15,6 +15,7 @@ from typing import BinaryIO, Protocol
 
 import attrs
 
+from .._errors import StorageError
 from ._manifest import Manifest
 from ._plan import GenerationRow
 from ._requests import CaseStatus, Outcome, Request
@@ -118,3 +119,18 @@ class Store(Protocol):
     def index_problems(self) -> list[str]: ...
     def stats(self) -> StoreStats: ...
     def close(self) -> None: ...
+
+
+def whole_history(store: Store, case_id: str) -> tuple[CaseRef, list[GenerationRow]]:
+    """A case's index row and its generations 1 to the head, read as of one committed
+    state (a publication between two reads is not half seen). A history that does not run
+    from 1 to the row's generation is ``store_corrupt``: ``log`` and ``export`` never show
+    or archive part of one as if it were all."""
+    with store.read_transaction():
+        ref = store.case(case_id)
+        rows = store.generations(ref.package_id)
+    if [r.generation for r in rows] != list(range(1, ref.generation + 1)):
+        raise StorageError(f"case {case_id!r}: the store does not hold its whole history "
+                           f"(generations 1 to {ref.generation})", reason="store_corrupt",
+                           hint="Run 'viano verify' to see what is damaged.")
+    return ref, rows

@@ -333,8 +333,9 @@ class SqliteStore:
 
         def head_row(pkg: str, generation: int) -> int:
             # Written in this batch, or the head as it was (a status change alone).
-            row_id = placed.get((pkg, generation)) or chain.head_row(head_rows, pkg,
-                                                                      generation)
+            row_id = placed.get((pkg, generation))
+            if row_id is None:
+                row_id = chain.head_row(head_rows, pkg, generation)
             if row_id is None:
                 raise StorageError(f"package {pkg}: no row for its new head",
                                    reason="internal_error")

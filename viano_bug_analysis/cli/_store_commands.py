@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import base64
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from engine import (
     CaseRef,
     ChangeRejected,
     Config,
+    GenerationRow,
     ImportRequest,
     Manifest,
     NotFound,
@@ -33,6 +35,7 @@ from engine import (
     provider_statistics,
     read_export,
     verify_store,
+    whole_history,
 )
 
 from ._context import reading, store_location, store_path, store_shown, writing
@@ -167,12 +170,12 @@ def cmd_cat(args: argparse.Namespace, out: Output, config: Config) -> int:
     return 0
 
 
-def generation_history(store: Store, ref: CaseRef) -> list[dict[str, Any]]:
+def generation_history(store: Store, rows: Sequence[GenerationRow]) -> list[dict[str, Any]]:
     """Each generation: what it added, replaced and set, and anything it removed (a store
     never removes; an imported or damaged history might)."""
     history = []
     previous: Manifest | None = None
-    for row in store.generations(ref.package_id):
+    for row in rows:
         entry: dict[str, Any] = {"package_generation": row.generation, "phase": row.phase,
                                  "created_at": row.created_at,
                                  "manifest_sha256": row.manifest_sha256}
@@ -246,8 +249,8 @@ def _round_words(doc: dict[str, Any]) -> str:
 
 def cmd_log(args: argparse.Namespace, out: Output, config: Config) -> int:
     with reading(args, config) as store:
-        ref = store.case(args.case)
-        history = generation_history(store, ref)
+        ref, rows = whole_history(store, args.case)
+        history = generation_history(store, rows)
     if out.as_json:
         out.document({"case_id": ref.case_id, "package_id": ref.package_id,
                       "generations": history})

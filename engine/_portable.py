@@ -30,12 +30,7 @@ import attrs
 
 from ._canonical import artifact_json
 from ._config import IntakeLimits
-from ._errors import (
-    ChangeRejected,
-    DestinationRejected,
-    ImportRejected,
-    InvalidCaseId,
-)
+from ._errors import ChangeRejected, DestinationRejected, ImportRejected, InvalidCaseId
 from ._ids import validate_case_id
 from ._intake import archive_kind, scan_archive
 from ._json import UntrustedJson, loads_untrusted

@@ -334,17 +334,22 @@ def parse_stored_manifest(raw: bytes | None, sha256: str, package_id: str,
     return manifest
 
 
+def stored_bytes(value: object) -> bytes | None:
+    """A blob column's value as bytes; None for anything else (only a damaged row holds a
+    text or a number where bytes belong)."""
+    return bytes(value) if isinstance(value, (bytes, bytearray, memoryview)) else None
+
+
 def referenced_hashes(rows: Iterable[tuple[str, int, bytes, str]]) -> set[str]:
     """Every sha256 the given generation rows name. A manifest that cannot be read makes
     this refuse: gc must not guess what a damaged generation references."""
     refs: set[str] = set()
     for pkg, gen, raw, sha in rows:
         try:
-            if isinstance(raw, (memoryview, bytearray)):
-                raw = bytes(raw)
-            if not isinstance(raw, bytes):  # only a damaged row holds anything else
+            data = stored_bytes(raw)
+            if data is None:
                 raise ChangeRejected(f"the manifest is stored as {type(raw).__name__}")
-            manifest = Manifest.parse(raw, sha)
+            manifest = Manifest.parse(data, sha)
         except ChangeRejected as exc:
             raise StorageError(f"generation {gen} of package {pkg} is damaged, so gc "
                                "cannot know what it references; nothing was removed",

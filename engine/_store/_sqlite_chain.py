@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._errors import StorageError
+from ._common import stored_bytes
 from ._plan import BatchRows, GenerationRow
 
 NO_PARENT = 0
@@ -39,10 +40,8 @@ def _corrupt(message: str) -> StorageError:
 
 
 def _row(r: Sequence[Any]) -> GenerationRow:
-    raw = r[4]
-    if not isinstance(raw, bytes):  # only a damaged row: its hash check then refuses it
-        raw = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else b""
-    return GenerationRow(r[0], r[1], r[2], r[3], raw, r[5], r[6])
+    raw = stored_bytes(r[4])  # None only for a damaged row: its hash check refuses b""
+    return GenerationRow(r[0], r[1], r[2], r[3], b"" if raw is None else raw, r[5], r[6])
 
 
 def _ref(conn: sqlite3.Connection, package_id: str) -> tuple[Any, Any] | None:
@@ -106,11 +105,7 @@ def history(conn: sqlite3.Connection, package_id: str) -> list[GenerationRow]:
         return [_row(r) for r in conn.execute(
             f"SELECT {ROW_COLUMNS} FROM generations WHERE package_id=? ORDER BY generation, "
             "id", (package_id,))]
-    chain = links(conn, package_id, ref[0])
-    if not chain or chain[-1][1] != 1:
-        where = f"below generation {chain[-1][1]}" if chain else "at its head"
-        raise _corrupt(f"package {package_id}: its chain of generations is broken {where}")
-    return [fetch(conn, row_id) for row_id, _ in reversed(chain)]
+    return [fetch(conn, row_id) for row_id in _whole(conn, package_id, ref[0])]
 
 
 def history_hashes(conn: sqlite3.Connection, package_id: str) -> list[str]:
@@ -118,11 +113,18 @@ def history_hashes(conn: sqlite3.Connection, package_id: str) -> list[str]:
     ref = _ref(conn, package_id)
     if ref is None:
         return []
-    chain = links(conn, package_id, ref[0])
-    if not chain or chain[-1][1] != 1:
-        raise _corrupt(f"package {package_id}: its chain of generations is broken")
     return [conn.execute("SELECT manifest_sha256 FROM generations WHERE id=?",
-                         (row_id,)).fetchone()[0] for row_id, _ in reversed(chain)]
+                         (row_id,)).fetchone()[0] for row_id in _whole(conn, package_id, ref[0])]
+
+
+def _whole(conn: sqlite3.Connection, package_id: str, head_row: Any) -> list[int]:
+    """The row ids of generations 1 to the head row, in order; a chain that does not reach
+    generation 1 is ``store_corrupt``."""
+    chain = links(conn, package_id, head_row)
+    if not chain or chain[-1][1] != 1:
+        where = f"below generation {chain[-1][1]}" if chain else "at its head"
+        raise _corrupt(f"package {package_id}: its chain of generations is broken {where}")
+    return [row_id for row_id, _ in reversed(chain)]
 
 
 def counts(conn: sqlite3.Connection) -> dict[str, int]:

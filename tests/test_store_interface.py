@@ -192,6 +192,47 @@ def test_an_import_is_what_its_manifests_bytes_say(tmp_path: Path) -> None:
         store.close()
 
 
+@pytest.mark.parametrize(("first", "second", "second_is"), [
+    (1, 1, "same"), (1, 2, "ahead"), (2, 1, "stale"), (2, 2, "same"), (0, 2, "diverged")])
+def test_requests_of_one_batch_build_on_the_histories_before_them(
+        tmp_path: Path, first: int, second: int, second_is: str) -> None:
+    """Two requests for one new package in one batch: the second sees the history the
+    first writes (0: the first is a publication, whose generation 1 has the store's time
+    and so differs from the export's). An identical import is a no-op, a longer one
+    appends, a shorter or diverged one is stale; none is a false ``store_corrupt`` (the
+    second was checked against the history as it was before the batch: empty)."""
+    a, b = BytesSource.of(b"imported"), BytesSource.of(b"second")
+    change1 = Change(files={"inputs/a.txt": a}, phase="INTAKE")
+    g1 = build_manifest(None, "pkg-twice", "TWICE-1", change1, "2026-12-01T00:00:00Z")
+    g2 = build_manifest(g1, "pkg-twice", "TWICE-1", Change(files={"work/b.txt": b}),
+                        "2026-12-01T00:00:01Z")
+    blobs = {a.sha256: a, b.sha256: b}
+    gens = (g1, g2)
+    requests: list[Any] = [
+        PublishRequest("pkg-twice", "TWICE-1", None, change1) if first == 0 else
+        ImportRequest("pkg-twice", "TWICE-1", gens[:first], blobs),
+        ImportRequest("pkg-twice", "TWICE-1", gens[:second], blobs)]
+    store = open_rw(tmp_path / "s")
+    try:
+        one, two = store.commit_batch(requests)
+        assert isinstance(one, Published), one
+        if second_is == "stale":
+            assert isinstance(two, StaleGeneration), two
+        elif first == 0:
+            # The publication's generation 1 has its own time, so the export diverges
+            # from it at generation 1: refused as a different history, not as damage.
+            assert isinstance(two, StaleGeneration) and "different history" in str(two), two
+        else:
+            assert isinstance(two, Published), two
+            assert two.generation == max(first, second)
+        want = 1 if first == 0 else max(first, second)
+        assert store.case("TWICE-1").generation == want
+        assert [g.generation for g in store.generations("pkg-twice")] == list(
+            range(1, want + 1))
+    finally:
+        store.close()
+
+
 def test_trio_cancellation_does_not_tear_a_status(tmp_path: Path) -> None:
     """A status publication cancelled while waiting still commits whole or not at all."""
     async def go() -> None:

@@ -116,6 +116,9 @@ class _Planner:
         self.heads: dict[str, Head] = dict(data.heads)
         self.owners: dict[str, str] = dict(data.owners)
         self.parents: dict[str, Manifest] = dict(data.parents)
+        # Kept up to date as requests are applied, like the heads: a later request of the
+        # batch is checked against the history an earlier one wrote.
+        self.histories: dict[str, list[str]] = {k: list(v) for k, v in data.histories.items()}
         self.rows = BatchRows(outcomes=[])
 
     def run(self) -> BatchRows:
@@ -204,7 +207,7 @@ class _Planner:
             raise StaleGeneration(f"the store already has {have} generations of case "
                                   f"{req.case_id!r}, the export only {len(theirs)}; "
                                   "nothing imported")
-        ours = self.data.histories.get(req.package_id, ())
+        ours = self.histories.get(req.package_id, ())
         if len(ours) != have:
             raise StorageError(f"the history of case {req.case_id!r} was not loaded")
         for gen in range(1, have + 1):
@@ -249,6 +252,9 @@ class _Planner:
             rows.new_manifests.append(m)
             self.parents[m.package_id] = m
         head = self.heads.get(req.package_id)
+        history = self.histories.get(req.package_id)
+        if history is not None:
+            history.extend(m.sha256 for m in staged.manifests)
         status = head.status if (staged.keep_status and head) else staged.status
         self.heads[req.package_id] = Head(req.case_id, manifest.package_generation, status)
         self.owners[req.case_id] = req.package_id

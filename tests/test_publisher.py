@@ -254,12 +254,12 @@ class TestWalUpkeep:
             self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         """Under writers that never pause the WAL stays bounded: passive checkpoints alone
         never catch the tail, so a RESTART pass follows once it passes WAL_RESTART_BYTES."""
-        import engine._store._sqlite as sqlite_store
+        import engine._store._sqlite_open as sqlite_open
         import engine._store._wal as wal
 
         monkeypatch.setattr(wal, "CHECKPOINT_BYTES", 256_000)
         monkeypatch.setattr(wal, "WAL_RESTART_BYTES", 1_000_000)
-        monkeypatch.setattr(sqlite_store, "WAL_SIZE_LIMIT", 1_000_000)
+        monkeypatch.setattr(sqlite_open, "WAL_SIZE_LIMIT", 1_000_000)
         peak = written = 0
         async with open_store(tmp_path / "s") as store:
             wal_file = tmp_path / "s" / "store.sqlite3-wal"

@@ -271,7 +271,7 @@ def test_a_new_store_has_small_pages_and_an_old_one_keeps_its_own(tmp_path: Path
                                                                    cli: Cli) -> None:
     """The page size is chosen when a store is made (16 KiB, see PAGE_SIZE); a store made
     with 32 KiB pages (the version-1 fixture) is written, read and verified with them."""
-    from engine._store._sqlite import PAGE_SIZE
+    from engine._store._sqlite_open import PAGE_SIZE
 
     def page_size(root: Path) -> int:
         conn = sqlite3.connect(root / "store.sqlite3")

@@ -14,7 +14,8 @@ Opening never guesses: a store folder holds ``store.sqlite3`` and ``store-id`` (
 changes anything (not even a schema), and works on a store the user cannot write. A
 0-byte, schema-less or foreign index, or an index missing beside blob files, is
 ``store_corrupt``; it is never initialised over. A new store is built under a temporary
-name and linked into place, so it either exists complete or not at all.
+name and linked into place, so it either exists complete or not at all (``_sqlite_open``:
+opening, creating, migrating, the connections).
 
 Blocking by design: the publisher actor calls :meth:`commit_batch` from its one worker
 thread; readers use one connection per thread.
@@ -22,24 +23,21 @@ thread; readers use one connection per thread.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import io
 import logging
 import os
 import sqlite3
 import threading
-import uuid
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
-from urllib.parse import quote
 
-from .._errors import NotAStore, NotFound, StorageError, VianoError
+from .._errors import NotFound, StorageError, VianoError
 from .._ids import validate_case_id
 from . import _sqlite_chain as chain
-from ._blobs import BlobFiles, fsync_dir, verified_stream
+from ._blobs import BlobFiles, verified_stream
 from ._common import (
     AWAITING_WHERE,
     DUE_WHERE,
@@ -78,22 +76,22 @@ from ._sqlite_index import (
     has_legacy_blobs,
     write_blobs,
 )
-from ._sqlite_schema import CURRENT_VERSION, create_current, migrate, parse_version
-from ._wal import WAL_RESTART_BYTES, Checkpointer
+from ._sqlite_open import (
+    DB_NAME,
+    ID_NAME,
+    check_folder,
+    connect,
+    connect_reader,
+    create_store,
+    open_existing,
+    translate,
+)
+from ._wal import Checkpointer
 
-PAGE_SIZE = 16 * 1024  # of a new store; one made with 32 KiB pages (before) keeps them
-WAL_SIZE_LIMIT = WAL_RESTART_BYTES  # what the WAL file is truncated to after a restart
 # What a commit counts toward the next checkpoint besides its blob and manifest bytes: each
 # case row it rewrites dirties at least a page (a batch of status changes alone writes no
 # blob, and counted as nothing its WAL grew without a checkpoint).
 ROW_WAL_BYTES = 4096
-CACHE_KIB = 65536  # the writer's; the 2 MiB default holds only 125 pages of 16 KiB
-# Each worker thread has its own reader connection, and a process may run dozens of
-# threads: 64 MiB each grew a 512-case batch to 600 MB (bench/throughput.py). Readers get
-# a small cache; the OS page cache already holds what they read.
-READER_CACHE_KIB = 4096
-DB_NAME = "store.sqlite3"
-ID_NAME = "store-id"
 _STORE_ENTRIES = frozenset({DB_NAME, ID_NAME, "blobs", "locks", f"{DB_NAME}-wal",
                             f"{DB_NAME}-shm", *INDEX_FILES})
 log = logging.getLogger("viano.store")
@@ -145,10 +143,12 @@ class SqliteStore:
         migrates an older version. See the module docstring for what is refused."""
         root = Path(root)
         try:
-            db_exists = _check_folder(root, write and create)
+            db_exists = check_folder(root, write and create)
             if not db_exists:
-                _create(root)
-            return _open_existing(root, write, inline_threshold)
+                create_store(root)
+            version, immutable = open_existing(root, write)
+            return cls(root, writable=write, version=version,
+                       inline_threshold=inline_threshold, immutable=immutable)
         except OSError as exc:
             raise StorageError(f"cannot open the store at {root}: {exc.strerror or exc}",
                                reason="store_unavailable",
@@ -177,7 +177,7 @@ class SqliteStore:
         return self.version >= 4
 
     def _connect_writer(self) -> sqlite3.Connection:
-        conn = _connect(self.db_path, writer=True)
+        conn = connect(self.db_path, writer=True)
         if self._has_rows:
             try:
                 # The id through this connection: a reader opened here would outlive the
@@ -186,7 +186,7 @@ class SqliteStore:
                 if store_id is None:
                     raise StorageError(f"{self.db_path} has no store id",
                                        reason="store_corrupt", hint=self.repair_hint)
-                with _translate("open the blob index"):
+                with translate("open the blob index"):
                     attach_for_writing(conn, self.root, store_id)
             except BaseException:
                 conn.close()
@@ -210,7 +210,7 @@ class SqliteStore:
     def reader(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
-            conn = _connect_reader(self.db_path, immutable=self._immutable)
+            conn = connect_reader(self.db_path, immutable=self._immutable)
             self._local.conn = conn
             self._local.indexed = self._has_rows and attach_for_reading(
                 conn, self.root, self._meta_id_of(conn), self._immutable)
@@ -265,7 +265,7 @@ class SqliteStore:
     def _transaction(self, requests: Sequence[Request], refused: list[VianoError | None],
                      inline: dict[str, bytes], large: Large) -> BatchRows:
         conn = self.writer
-        with self._commit_lock, _translate("commit a batch"):
+        with self._commit_lock, translate("commit a batch"):
             conn.execute("BEGIN IMMEDIATE")
             try:
                 recheck_files(self._blob_files, large, refused)
@@ -282,7 +282,7 @@ class SqliteStore:
 
     def _replace_index(self) -> None:
         log.warning("the blob index of %s is damaged; rebuilding it", self.root)
-        with self._commit_lock, _translate("rebuild the blob index"):
+        with self._commit_lock, translate("rebuild the blob index"):
             conn = self.writer
             conn.execute("DETACH DATABASE ix")
             discard(self.root)
@@ -371,7 +371,7 @@ class SqliteStore:
     @contextmanager
     def exclusive(self) -> Iterator[_Exclusive]:
         """Hold the write lock against every commit, in every process (gc)."""
-        with self._gate.use(), self._commit_lock, _translate("lock the store"):
+        with self._gate.use(), self._commit_lock, translate("lock the store"):
             conn = self.writer
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -384,7 +384,7 @@ class SqliteStore:
     @guarded
     def index_problems(self) -> list[str]:
         """What makes the index unfit to judge the blobs by (verify and gc refuse then)."""
-        with _translate("inspect the index"):
+        with translate("inspect the index"):
             gens = self.reader.execute("SELECT 1 FROM generations LIMIT 1").fetchone()
             blob_rows = self.reader.execute("SELECT COUNT(*) FROM blobs").fetchone()[0]
             if self._has_rows:
@@ -436,7 +436,7 @@ class SqliteStore:
     @guarded
     def _select_refs(self, where: str = "", args: Sequence[Any] = ()) -> list[CaseRef]:
         cols = REF_COLUMNS if self.version >= 2 else REF_COLUMNS.split(", status,")[0]
-        with _translate("read the case index"):
+        with translate("read the case index"):
             rows = self.reader.execute(f"SELECT {cols} FROM refs {where}", args).fetchall()
         return [ref_from_row(r) for r in rows]
 
@@ -457,12 +457,12 @@ class SqliteStore:
             if conn.in_transaction:
                 yield
                 return
-            with _translate("read the store"):
+            with translate("read the store"):
                 conn.execute("BEGIN")
             try:
                 yield
             finally:
-                with _translate("read the store"):
+                with translate("read the store"):
                     conn.execute("COMMIT")
 
     @guarded
@@ -504,7 +504,7 @@ class SqliteStore:
         """The earliest due time of a RETRY_PENDING case, if any."""
         if self.version < 2:
             return None
-        with _translate("read the case index"):
+        with translate("read the case index"):
             row = self.reader.execute("SELECT MIN(due_at) FROM refs WHERE "
                                       "status='RETRY_PENDING'").fetchone()
         return None if row[0] is None else float(row[0])
@@ -515,19 +515,19 @@ class SqliteStore:
             sql = "SELECT phase, 'READY', COUNT(*) FROM refs GROUP BY phase"
         else:
             sql = "SELECT phase, COALESCE(status, 'READY'), COUNT(*) FROM refs GROUP BY 1, 2"
-        with _translate("count cases"):
+        with translate("count cases"):
             return {(p, s): n for p, s, n in self.reader.execute(sql)}
 
     @guarded
     def generation_counts(self) -> dict[str, int]:
-        with _translate("count generations"):
+        with translate("count generations"):
             return chain.counts(self.reader)
 
     @guarded
     def generations(self, package_id: str) -> list[GenerationRow]:
         """The package's generations in order, as its chain links them (format 4; rows off
         the chain are what :meth:`generation_counts` shows to ``verify``)."""
-        with _translate("read generations"):
+        with translate("read generations"):
             if self._chained:
                 return chain.history(self.reader, package_id)
             rows = self.reader.execute(
@@ -548,7 +548,7 @@ class SqliteStore:
         if cached is not None:
             return cached
         check_generation(generation)
-        with _translate("read a manifest"):
+        with translate("read a manifest"):
             if self._chained:
                 found = chain.find(conn, package_id, generation)  # a broken chain raises
                 row = None if found is None else (found.manifest, found.manifest_sha256)
@@ -568,13 +568,13 @@ class SqliteStore:
 
     @guarded
     def blob_info(self, sha256: str) -> BlobInfo | None:
-        with _translate("read a blob"):
+        with translate("read a blob"):
             row = self._find(sha256, "size, data IS NOT NULL")
         return None if row is None else BlobInfo(row[0], bool(row[1]))
 
     @guarded
     def _inline(self, sha256: str) -> bytes | None:
-        with _translate("read a blob"):
+        with translate("read a blob"):
             row = self._find(sha256, "size, data")
         if row is None:
             raise StorageError(f"blob {sha256} is not in the store", reason="store_corrupt")
@@ -604,264 +604,8 @@ class _Exclusive:
             "SELECT package_id, generation, manifest, manifest_sha256 FROM generations"))
 
 
-# -- opening, creating, migrating ----------------------------------------------------
-
-
-def _check_folder(root: Path, write: bool) -> bool:
-    """Whether ``root`` holds an index; refuses a folder that is not (or no longer) a
-    store. Creates nothing."""
-    if root.exists() and not root.is_dir():
-        raise NotAStore(f"--store {root} is a file, not a store folder")
-    db = root / DB_NAME
-    if db.exists() or db.is_symlink():
-        if not db.is_file():
-            raise StorageError(f"{db} is not a regular file", reason="store_corrupt")
-        return True
-    entries = set(os.listdir(root)) if root.is_dir() else set()
-    leftovers = {e for e in entries if e.startswith(f"{DB_NAME}.creating")} | {ID_NAME, "locks"}
-    if "blobs" in entries:
-        raise StorageError(f"{root} holds blob files but its index {DB_NAME} is missing",
-                           reason="store_corrupt",
-                           hint="Restore store.sqlite3 from a backup; do not write to this "
-                                "store until then.")
-    foreign = entries - leftovers
-    if foreign:
-        raise NotAStore(f"{root} is a folder that is not a Viano store (it holds "
-                        f"{', '.join(sorted(foreign)[:3])})")
-    if not write:
-        raise NotFound(f"no store at {root}", reason="no_store",
-                       hint="Create one with 'viano intake' or pass --store PATH.")
-    return False
-
-
-def _create(root: Path) -> None:
-    """Build a new store under a temporary name and link it into place (never over an
-    existing index: ``link`` fails if one appeared meanwhile). Creators in several
-    processes take turns on ``locks/.create``."""
-    (root / "locks").mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / "locks" / ".create", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # brief: only while one process builds the index
-        if not (root / DB_NAME).exists():
-            _build(root)
-    finally:
-        os.close(fd)
-
-
-def _build(root: Path) -> None:
-    for leftover in root.glob(f"{DB_NAME}.creating*"):
-        leftover.unlink(missing_ok=True)  # a crashed creator's: we hold the create lock
-    tmp = root / f"{DB_NAME}.creating-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    store_id = str(uuid.uuid4())
-    conn = _connect(tmp, writer=True)
-    try:
-        with _translate("create the store"):
-            conn.execute("BEGIN IMMEDIATE")
-            create_current(conn, store_id)
-            conn.execute("COMMIT")
-    finally:
-        conn.close()
-    try:
-        os.link(tmp, root / DB_NAME)
-        created = True
-    except FileExistsError:
-        created = False  # another process created the store first: use theirs
-    finally:
-        tmp.unlink(missing_ok=True)
-        for suffix in ("-wal", "-shm"):
-            Path(f"{tmp}{suffix}").unlink(missing_ok=True)
-    if created:
-        # A crash before this line leaves the index without its id file; the next write
-        # open writes it from meta.store_id (see _check_id).
-        _write_id(root, store_id)
-    fsync_dir(root)
-
-
-def _write_id(root: Path, store_id: str) -> None:
-    tmp = root / f".{ID_NAME}.{os.getpid()}"
-    with tmp.open("w") as f:
-        f.write(store_id + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, root / ID_NAME)
-
-
-def _open_existing(root: Path, write: bool, inline_threshold: int) -> SqliteStore:
-    db = root / DB_NAME
-    conn, immutable = _probe(db)
-    try:
-        version, store_id = _read_meta(conn, db)
-    finally:
-        conn.close()
-    if version > CURRENT_VERSION:
-        raise StorageError(f"{root} has store format {version}; this Viano reads up to "
-                           f"{CURRENT_VERSION}", reason="store_format",
-                           hint="Upgrade Viano to open this store.")
-    if write and version < CURRENT_VERSION:
-        version = _migrate(root, db, version)
-    elif write and store_id is not None:
-        _check_id(root, store_id)
-    return SqliteStore(root, writable=write, version=version,
-                       inline_threshold=inline_threshold, immutable=immutable)
-
-
-def _check_id(root: Path, store_id: str) -> None:
-    try:
-        on_disk = (root / ID_NAME).read_text().strip()
-    except FileNotFoundError:
-        if _has_generations(root / DB_NAME):
-            raise StorageError(f"{root}: the folder's store-id file is missing, so this index "
-                               "cannot be shown to belong to it", reason="store_corrupt",
-                               hint="Restore the store-id file (or the whole store) from a "
-                                    "backup; do not write to this store.") from None
-        _write_id(root, store_id)  # a crash between creating the index and its id file
-        return
-    except (OSError, UnicodeDecodeError) as exc:
-        raise StorageError(f"{root}: the store-id file cannot be read ({exc})",
-                           reason="store_corrupt") from exc
-    if on_disk != store_id:
-        raise StorageError(f"{root}: the index belongs to another store (store-id "
-                           f"{on_disk[:8]}… on disk, {store_id[:8]}… in {DB_NAME})",
-                           reason="store_corrupt",
-                           hint="Restore the store's own store.sqlite3; do not write to it.")
-
-
-def _has_generations(db: Path) -> bool:
-    conn = _connect_reader(db, immutable=False)
-    try:
-        return conn.execute("SELECT 1 FROM generations LIMIT 1").fetchone() is not None
-    finally:
-        conn.close()
-
-
-def _migrate(root: Path, db: Path, version: int) -> int:
-    conn = _connect(db, writer=True)
-    try:
-        with _translate("migrate the store"):
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                current, store_id = _read_meta(conn, db)  # another process may have won
-                if current < CURRENT_VERSION:
-                    existing = root / ID_NAME
-                    store_id = existing.read_text().strip() if existing.is_file() \
-                        else str(uuid.uuid4())
-                    _write_id(root, store_id)
-                    migrate(conn, current, store_id)
-                    crash_point("migrate.before_commit")
-                    log.info("migrated %s from store format %d to %d", root, current,
-                             CURRENT_VERSION)
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-    finally:
-        conn.close()
-    return CURRENT_VERSION
-
-
-def _read_meta(conn: sqlite3.Connection, db: Path) -> tuple[int, str | None]:
-    try:
-        rows = dict(conn.execute("SELECT key, value FROM meta").fetchall())
-    except sqlite3.DatabaseError as exc:
-        raise StorageError(f"{db} is not an initialised Viano store ({exc})",
-                           reason="store_corrupt",
-                           hint="Restore store.sqlite3 from a backup; it is empty, "
-                                "schema-less or not a Viano index.") from exc
-    version = parse_version(str(rows.get("format", "")))
-    if version is None:
-        raise StorageError(f"{db} has no Viano store format", reason="store_corrupt")
-    return version, rows.get("store_id")
-
-
-def _connect(path: Path, *, writer: bool) -> sqlite3.Connection:
-    try:
-        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
-                               timeout=30.0)
-        if writer:
-            # Takes effect only when the database is created. 16 KiB was chosen while each
-            # package a group commit published inserted at its own leaf of the
-            # generations index (format 3): with 32 KiB pages that wrote 94-95 KiB per
-            # publication at 4 GB, with 16 KiB 77-78 (bench/store_sustained.py, see the
-            # README). Format 4 has no such index; blob and generation rows are appended,
-            # so small pages cost them only space: ~9% more file for 2-8 KiB blobs than
-            # 32 KiB pages.
-            conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
-            conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("PRAGMA busy_timeout=30000")
-        conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
-    except sqlite3.Error as exc:
-        raise StorageError(f"cannot open {path}: {exc}", reason=_reason(exc)) from exc
-    return conn
-
-
 def _value_error(exc: BaseException) -> bool:
     """A value SQLite cannot bind or store (an integer past 64 bits, a constraint)."""
     cause = exc.__cause__ if isinstance(exc, StorageError) else exc
     return isinstance(cause, (OverflowError, UnicodeEncodeError, sqlite3.IntegrityError,
                               sqlite3.DataError, sqlite3.InterfaceError))
-
-
-def _reason(exc: sqlite3.Error) -> str:
-    """OperationalError: locked, read-only, disk full, I/O; the rest: a damaged file."""
-    return "store_unavailable" if isinstance(exc, sqlite3.OperationalError) else "store_corrupt"
-
-
-def _reader(path: Path, immutable: bool) -> sqlite3.Connection:
-    """A read-only connection, touched once so that opening problems show here. Raises
-    sqlite3 errors (the callers translate them)."""
-    uri = f"file:{quote(os.fsencode(path))}?mode=ro" + ("&immutable=1" if immutable else "")
-    conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False,
-                           timeout=30.0)
-    try:
-        conn.execute("PRAGMA busy_timeout=30000")
-        conn.execute(f"PRAGMA cache_size=-{READER_CACHE_KIB}")
-        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
-def _connect_reader(path: Path, *, immutable: bool) -> sqlite3.Connection:
-    try:
-        return _reader(path, immutable)
-    except sqlite3.Error as exc:
-        raise StorageError(f"cannot read {path}: {exc}", reason=_reason(exc)) from exc
-
-
-def _probe(db: Path) -> tuple[sqlite3.Connection, bool]:
-    """A read-only connection that works even where the user cannot write: WAL readers
-    need the ``-shm`` file, which SQLite cannot create in a read-only folder. With no
-    ``-wal`` there is no writer whose work could be missed, so ``immutable`` is exact."""
-    try:
-        return _reader(db, False), False
-    except sqlite3.OperationalError as exc:
-        text = str(exc).lower()
-        if ("readonly" in text or "unable to open" in text) and \
-                not Path(f"{db}-wal").exists():
-            return _connect_reader(db, immutable=True), True
-        raise StorageError(f"cannot read {db}: {exc}", reason="store_unavailable",
-                           hint="Check the store's permissions.") from exc
-    except sqlite3.DatabaseError as exc:
-        raise StorageError(f"{db} is not a SQLite database ({exc})", reason="store_corrupt",
-                           hint="Restore store.sqlite3 from a backup.") from exc
-
-
-@contextmanager
-def _translate(doing: str) -> Iterator[None]:
-    """Translate sqlite3/OS errors at the storage boundary."""
-    try:
-        yield
-    except VianoError:
-        raise
-    except sqlite3.DatabaseError as exc:
-        raise StorageError(f"could not {doing}: {exc}", reason=_reason(exc),
-                           hint="Check that the store path is writable and the disk is not "
-                                "full, then run 'viano verify'.") from exc
-    except OSError as exc:
-        raise StorageError(f"could not {doing}: {exc}", reason="store_unavailable",
-                           hint="Check that the store path is writable and the disk is not "
-                                "full, then run the command again.") from exc
-

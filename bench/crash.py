@@ -205,7 +205,7 @@ def sigkill_trials(tmp: Path, provider: Provider, config: Path, trials: int, cas
                    seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     template, originals = fresh_template(tmp / "trials", cases)
-    batch = ["batch", "--config", config, "--all", "--concurrency", "4"]
+    batch: list[str | Path] = ["batch", "--config", config, "--all", "--concurrency", "4"]
     # One uncrashed run sets the window the kills fall in.
     probe = tmp / "probe"
     shutil.copytree(template, probe)

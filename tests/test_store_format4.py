@@ -10,6 +10,7 @@ refused as ``store_corrupt``, not written.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import zipfile
 from pathlib import Path
@@ -286,6 +287,40 @@ class TestTamperedChains:
         _forge(root, pkg, 2, generation=3, parent=2, parent_row=g2)
         assert "1 of the package's 3 generation rows are not on its chain" in \
             self._verify(cli, root)
+
+    def test_a_damaged_chains_blob_files_are_not_counted_as_orphans(
+            self, cli: Cli, tmp_path: Path) -> None:
+        """verify reads a damaged package's every row, on its chain or not, for what they
+        reference: its blob files are the case's (gc keeps them), not orphans. Before,
+        a broken link or a row beside the chain made verify count them as orphans."""
+        root = tmp_path / "s"
+        big = os.urandom(300 * 1024)  # above the inline threshold: a blob file
+        s = open_rw(root)
+        s.commit_batch([create("A-1")])
+        ref = s.case("A-1")
+        s.commit_batch([PublishRequest(ref.package_id, "A-1", 1, Change(
+            files={"work/big.bin": BytesSource.of(big)}))])
+        _publish(s, "A-1", "g3.txt")
+        pkg = str(ref.package_id)
+        s.close()
+        clean = cli("verify", "--store", root, "--json")
+        assert clean.code == 0 and clean.json["orphan_blob_files"] == 0, clean.out  # type: ignore[index]
+        conn = _db(root)
+        g3 = conn.execute("SELECT id FROM generations WHERE package_id=? AND generation=3",
+                          (pkg,)).fetchone()[0]
+        conn.execute("UPDATE generations SET parent_row=? WHERE id=?", (g3, g3))
+        conn.close()
+        broken = cli("verify", "--store", root, "--json")
+        assert broken.code == 1 and "A-1" in broken.out, broken.out
+        assert broken.json["orphan_blob_files"] == 0, broken.out  # type: ignore[index]
+        conn = _db(root)
+        conn.execute("UPDATE generations SET parent_row=? WHERE id=?", (g3 - 1, g3))
+        conn.execute("UPDATE refs SET head_row=?, generation=1 WHERE package_id=?",
+                     (g3 - 2, pkg))  # generation 1's row: 2 and 3 are beside the chain
+        conn.close()
+        beside = cli("verify", "--store", root, "--json")
+        assert beside.code == 1 and "not on its chain" in beside.out, beside.out
+        assert beside.json["orphan_blob_files"] == 0, beside.out  # type: ignore[index]
 
     def test_a_head_row_that_names_nothing(self, cli: Cli, tmp_path: Path) -> None:
         """A damaged head link: verify reports it, and a write on top of that head is

@@ -543,6 +543,12 @@ class PostgresStore:
         return [GenerationRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6]) for r in rows]
 
     @guarded
+    def stored_generations(self, package_id: str) -> list[GenerationRow]:
+        """Every row is on the package's history here: (package_id, generation) is the
+        table's key."""
+        return self.generations(package_id)
+
+    @guarded
     def manifest(self, package_id: str, generation: int) -> Manifest:
         with self._connection() as conn:
             return self._manifest(conn, package_id, generation)

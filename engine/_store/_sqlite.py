@@ -537,6 +537,11 @@ class SqliteStore:
         return [GenerationRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6]) for r in rows]
 
     @guarded
+    def stored_generations(self, package_id: str) -> list[GenerationRow]:
+        with translate("read generations"):
+            return chain.stored(self.reader, package_id)
+
+    @guarded
     def manifest(self, package_id: str, generation: int) -> Manifest:
         """Generation ``generation`` of a package, its bytes checked against their hash."""
         return self._manifest(self.reader, package_id, generation)

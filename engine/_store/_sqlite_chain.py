@@ -108,6 +108,14 @@ def history(conn: sqlite3.Connection, package_id: str) -> list[GenerationRow]:
     return [fetch(conn, row_id) for row_id in _whole(conn, package_id, ref[0])]
 
 
+def stored(conn: sqlite3.Connection, package_id: str) -> list[GenerationRow]:
+    """Every row the table holds for the package, on its chain or not, in the order they
+    were written (a scan of the table: only verify asks, for a damaged package)."""
+    return [_row(r) for r in conn.execute(
+        f"SELECT {ROW_COLUMNS} FROM generations WHERE package_id=? ORDER BY id",
+        (package_id,))]
+
+
 def history_hashes(conn: sqlite3.Connection, package_id: str) -> list[str]:
     """The manifest hashes of the package's generations in order (an import's plan)."""
     ref = _ref(conn, package_id)

@@ -13,7 +13,8 @@ caller.
 
 A damaged generation never stops the check: it is reported and the rest goes on. Orphan
 blob files and leftover temporary files are counted (only crashes leave them; ``gc``
-removes both). A store whose index is missing or empty while blobs exist is refused
+removes both); a damaged package's rows, on its chain or not, count as referencing what
+they name, as they do for gc. A store whose index is missing or empty while blobs exist is refused
 (``store_corrupt``): judging the blobs by it would call them all orphans.
 """
 
@@ -124,6 +125,7 @@ def _verify(store: Store, case_ids: Iterable[str] | None,
             if wanted is None or case_id in wanted:
                 n_cases += 1
                 violations.append(Violation(case_id, exc.message))
+            referenced |= _stored_references(store, pkg)
             continue
         if wanted is not None and case_id not in wanted:
             referenced |= _references(rows)
@@ -136,6 +138,7 @@ def _verify(store: Store, case_ids: Iterable[str] | None,
             # link, or rows added beside the chain.
             found.append(f"{counts[pkg] - len(rows)} of the package's {counts[pkg]} "
                          "generation rows are not on its chain from the head")
+            referenced |= _stored_references(store, pkg)
         violations += [Violation(case_id, v) for v in found]
         for check in checks:
             try:
@@ -149,6 +152,15 @@ def _verify(store: Store, case_ids: Iterable[str] | None,
     orphans = sum(1 for sha, _ in store.blob_files.iter_files() if sha not in referenced)
     temporary = sum(1 for _ in store.blob_files.iter_tmp())
     return VerifyReport(n_cases, n_gens, len(needed), orphans, temporary, tuple(violations))
+
+
+def _stored_references(store: Store, pkg: str) -> set[str]:
+    """What a damaged package's rows reference, on its chain or not: its blob files are
+    the case's (gc keeps them), not orphans."""
+    try:
+        return _references(store.stored_generations(pkg))
+    except StorageError:  # the violation is reported already; the count may be high
+        return set()
 
 
 def _references(rows: Sequence[GenerationRow]) -> set[str]:

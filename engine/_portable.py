@@ -34,6 +34,7 @@ from ._errors import ChangeRejected, DestinationRejected, ImportRejected, Invali
 from ._ids import validate_case_id
 from ._intake import archive_kind, scan_archive
 from ._json import UntrustedJson, loads_untrusted
+from ._phases import import_problems
 from ._store import (
     CHUNK,
     ImportRequest,
@@ -201,6 +202,12 @@ def read_export(path: Path, limits: IntakeLimits) -> ImportRequest:
         if member.sha256 != sha or member.size != size:
             raise ImportRejected(f"{label}: blob {sha[:12]}… does not match its content")
         blobs[sha] = ZipMemberSource(archive=path, member=member.name, sha256=sha, size=size)
+    problems = import_problems(manifests, blobs)
+    if problems:
+        raise ImportRejected(f"{label}: the history fails verify's phase checks "
+                             f"({len(problems)}): {'; '.join(problems[:3])}",
+                             hint="Nothing was imported. Export the case again from a store "
+                                  "where 'viano verify' passes.")
     return ImportRequest(package_id=package_id, case_id=case_id, manifests=tuple(manifests),
                          blobs=blobs)
 

@@ -234,3 +234,50 @@ class TestVerifyAndLogSeeTheSameRules:
         log = cli("log", "--store", store, "BUG-20", "--json").json
         assert log["generations"][1]["removed"] == ["inputs/report.json"]  # type: ignore[index]
         assert "REMOVED inputs/report.json" in cli("log", "--store", store, "BUG-20").out
+
+
+class TestPhaseHistories:
+    """An export whose phase artifacts break verify's phase checks (ids rewritten with
+    every hash recomputed, a confirmation nobody gave) is refused before anything is
+    written: it imported with exit 0 and verify then failed for good."""
+
+    def _analysed(self, cli: Cli, sample: Path, tmp: Path) -> Path:
+        cfg = tmp / "c.toml"
+        cfg.write_text(f'[[providers]]\nname = "fx"\nkind = "fixture"\n'
+                       f'path = "{sample / "fixtures"}"\n'
+                       "[interpretation]\nauto_confirm = true\n")
+        store = tmp / "a"
+        assert cli("intake", "--store", store, "--report", sample / "report.json", "--attach",
+                   f"diagnostics={sample / 'wowdiag.zip'}").code == 0
+        r = cli("batch", "--all", "--store", store, "--config", cfg)
+        assert r.code == 0, r.out
+        out = tmp / "analysed.zip"
+        assert cli("export", "--store", store, "BUG-20", out).code == 0
+        return out
+
+    def test_a_history_verify_would_report_is_not_imported(
+            self, cli: Cli, sample: Path, tmp_path: Path) -> None:
+        good = self._analysed(cli, sample, tmp_path)
+        other = "11111111-2222-4333-8444-555555555555"
+
+        def rename(docs: list[Doc]) -> list[bytes]:
+            return [_encode({**d, "package_id": other}) for d in docs]
+
+        def reindex(idx: Doc) -> bytes:
+            return json.dumps({**idx, "package_id": other}).encode()
+
+        forged = _craft(good, tmp_path / "forged.zip", manifests=rename, index=reindex)
+        dest = tmp_path / "dest"
+        assert cli("intake", "--store", dest, "--report", sample / "report.json",
+                   "--case-id", "OTHER-1").code == 0
+        before = snapshot(dest)
+        r = cli("import", "--store", dest, forged, "--json")
+        assert r.code == 2, r.out
+        assert r.json["error"]["reason"] == "invalid_export", r.out  # type: ignore[index]
+        assert "phase checks" in r.out, r.out
+        assert snapshot(dest) == before  # nothing written
+        assert cli("verify", "--store", dest).code == 0
+        # The genuine export, phases and all, still imports and verifies.
+        ok = cli("import", "--store", dest, good, "--json")
+        assert ok.code == 0, ok.out
+        assert cli("verify", "--store", dest).code == 0

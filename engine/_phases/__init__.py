@@ -1,9 +1,13 @@
 """The LLM phases: the durable protocol they share (written once), case interpretation,
 and the case operations between dispatches."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import BinaryIO
 
-from .._store import Manifest, PackageCheck, Store
+from .._errors import ImportRejected
+from .._store import BlobSource, Manifest, PackageCheck, Store
+from .._store._blobs import verified_stream
+from .._store._sources import read_verified
 from . import _hypotheses, _interpretation
 from ._history import history_problems as history_problems
 from ._history import pointer_problems, stray_revisions
@@ -73,9 +77,35 @@ def _check_phases(store: Store, manifests: Sequence[Manifest]) -> list[str]:
     """verify's phase-level check: every phase's history of every revision audited (the
     layout, the pinned inputs derived again, each round's bindings, series and rejections,
     and the accepted artifacts re-derived from their answer), and the phases' pointers."""
+    return _phase_problems(store.read_blob, store.open_blob, manifests)
+
+
+def import_problems(manifests: Sequence[Manifest], blobs: Mapping[str, BlobSource]
+                    ) -> list[str]:
+    """verify's phase-level check on a history about to be imported, its blobs read (and
+    hashed again) from the export: a history that verify would report is refused before
+    anything of it is written, as a local publication of it would have been."""
+    def read(sha: str) -> bytes:
+        source = blobs.get(sha)
+        data = None if source is None else read_verified(source)
+        if data is None:
+            raise ImportRejected(f"blob {sha[:12]}… is not in the export as its hash says")
+        return data
+
+    def open_(sha: str) -> BinaryIO:
+        source = blobs.get(sha)
+        if source is None:
+            raise ImportRejected(f"blob {sha[:12]}… is not in the export")
+        return verified_stream(source.open(), sha)
+
+    return _phase_problems(read, open_, manifests)
+
+
+def _phase_problems(read: Callable[[str], bytes], open_: Callable[[str], BinaryIO],
+                    manifests: Sequence[Manifest]) -> list[str]:
     if not manifests:
         return []
-    view = PackageView(manifests[-1], store.read_blob, store.open_blob)
+    view = PackageView(manifests[-1], read, open_)
     out: list[str] = []
     for spec in SPECS.values():
         for rev in range(1, manifests[-1].analysis_revision + 1):

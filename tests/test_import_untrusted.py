@@ -281,3 +281,36 @@ class TestPhaseHistories:
         ok = cli("import", "--store", dest, good, "--json")
         assert ok.code == 0, ok.out
         assert cli("verify", "--store", dest).code == 0
+
+
+class TestRevisionLimit:
+    """A revision's artifacts live under four-digit folders, so 9999 is the last revision:
+    a larger one in an export is refused (it imported with exit 0, and the next batch wrote
+    folders verify could not audit; at 2**62 verify spun for minutes), and reopening a
+    case at 9999 is refused with nothing written."""
+
+    def _at(self, cli: Cli, sample: Path, tmp: Path, revision: int) -> Path:
+        good = _export(cli, sample, tmp)
+        return _craft(good, tmp / f"r{revision}.zip",
+                      manifests=lambda docs: [_encode({**d, "analysis_revision": revision})
+                                              for d in docs])
+
+    @pytest.mark.parametrize("revision", [10_000, 100_000, 2**62])
+    def test_a_revision_past_the_last_is_not_imported(
+            self, cli: Cli, sample: Path, tmp_path: Path, revision: int) -> None:
+        r = cli("import", "--store", tmp_path / "dest", self._at(cli, sample, tmp_path,
+                                                                  revision), "--json")
+        assert r.code == 2, r.out
+        assert r.json["error"]["reason"] == "invalid_export", r.out  # type: ignore[index]
+        assert "analysis_revision" in r.out, r.out
+
+    def test_the_last_revision_imports_and_cannot_be_reopened(
+            self, cli: Cli, sample: Path, tmp_path: Path) -> None:
+        dest = tmp_path / "dest"
+        assert cli("import", "--store", dest, self._at(cli, sample, tmp_path, 9999)).code == 0
+        before = snapshot(dest)
+        r = cli("reopen", "BUG-20", "--reason", "again", "--store", dest, "--json")
+        assert r.code == 2, r.out
+        assert r.json["error"]["reason"] == "revision_limit", r.out  # type: ignore[index]
+        assert snapshot(dest) == before
+        assert cli("verify", "--store", dest).code == 0

@@ -10,6 +10,7 @@ import re
 from .._canonical import artifact_json, utc_now_iso
 from .._errors import PhaseRefused, UsageError
 from .._store import BytesSource, CaseStatus, Change
+from .._store._manifest import MAX_REVISION
 from ._interpretation import PHASE as INTERPRETATION_PHASE
 from ._interpretation import artifact_paths, confirmation_bytes, interpretation_problems
 from ._protocol import parse_rounds, phase_dir
@@ -58,6 +59,12 @@ def reopen_change(view: PackageView, reason: str, by: str) -> tuple[Change, Case
         raise UsageError("--reason must be a non-blank text of at most 4096 characters")
     m = view.manifest
     new = m.analysis_revision + 1
+    if new > MAX_REVISION:
+        raise PhaseRefused(f"case {m.case_id!r} is at analysis revision "
+                             f"{m.analysis_revision}, the last there can be",
+                             reason="revision_limit",
+                             hint="Nothing was written. Take the case in again as a new case "
+                                  "(viano intake) to analyse it afresh.")
     path = f"analysis/revisions/{new:04d}.json"
     doc = {"format": "viano-revision/1", "analysis_revision": new,
            "previous_revision": m.analysis_revision, "previous_phase": m.phase,

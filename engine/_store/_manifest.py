@@ -60,6 +60,9 @@ def validate_logical_path(path: str) -> str:
     return path
 
 
+# The last analysis revision: a revision's artifacts live under four-digit folders
+# (analysis/<phase>/0001/), so a larger one could be written but never audited.
+MAX_REVISION = 9999
 _REMEMBERED_PATH = 256  # longer paths are checked every time: 8192 of them stay < 3 MB
 
 
@@ -158,7 +161,7 @@ class Manifest:
         _check_str(doc, "phase", PHASE)
         _check_str(doc, "created_at", TIMESTAMP)
         gen = _check_int(doc, "package_generation")
-        revision = _check_int(doc, "analysis_revision")
+        revision = _check_int(doc, "analysis_revision", MAX_REVISION)
         parent = doc["parent_generation"]
         if parent != (gen - 1 if gen > 1 else None) or type(parent) not in (int, type(None)):
             raise ChangeRejected(f"parent_generation {parent!r} does not precede {gen}")
@@ -197,10 +200,10 @@ def _check_str(doc: dict[str, Any], key: str, pattern: re.Pattern[str]) -> str:
     return value
 
 
-def _check_int(doc: dict[str, Any], key: str) -> int:
+def _check_int(doc: dict[str, Any], key: str, limit: int = 2**62) -> int:
     value = doc[key]
-    if type(value) is not int or value < 1 or value > 2**62:
-        raise ChangeRejected(f"manifest {key} {value!r} is not a positive integer")
+    if type(value) is not int or value < 1 or value > limit:
+        raise ChangeRejected(f"manifest {key} {value!r} is not an integer from 1 to {limit}")
     return value
 
 
@@ -284,8 +287,10 @@ class Change:
                                        or PHASE.fullmatch(self.phase) is None):
             raise ChangeRejected(f"phase {self.phase!r} is not valid")
         if self.analysis_revision is not None and (
-                type(self.analysis_revision) is not int or self.analysis_revision < 1):
-            raise ChangeRejected(f"analysis_revision {self.analysis_revision!r} is not valid")
+                type(self.analysis_revision) is not int
+                or not 1 <= self.analysis_revision <= MAX_REVISION):
+            raise ChangeRejected(f"analysis_revision {self.analysis_revision!r} is not valid "
+                                 f"(1 to {MAX_REVISION})")
 
 
 def build_manifest(parent: Manifest | None, package_id: str, case_id: str, change: Change,

@@ -183,8 +183,24 @@ class TestReportRefusals:
 
     def test_existing_case_refused(self, cli: Cli, sample: Path, store_dir: Path,
                                    existing_store: dict[str, bytes]) -> None:
-        """Intake of a case id that already exists is refused and writes nothing."""
-        r = cli("intake", "--json", "--store", store_dir, "--report", sample / "report.json")
+        """Intake of a case id that already exists, with other inputs, is refused and
+        writes nothing."""
+        r = cli("intake", "--json", "--store", store_dir, "--report", sample / "report.json",
+                "--attach", f"diagnostics={sample / 'wowdiag.zip'}")
         assert r.code == 2
         assert r.json["error"]["reason"] == "case_exists"  # type: ignore[index]
         assert snapshot(store_dir) == existing_store
+
+    def test_the_same_intake_again_is_already_present(
+            self, cli: Cli, sample: Path, store_dir: Path,
+            existing_store: dict[str, bytes]) -> None:
+        """The same intake run again (after an interruption that came after its commit,
+        say) is "already present": exit 0, nothing written; it was case_exists, whose hint
+        (another --case-id) led to a second copy of the case."""
+        r = cli("intake", "--json", "--store", store_dir, "--report", sample / "report.json")
+        assert r.code == 0, r.out
+        assert r.json["already_present"] is True, r.out  # type: ignore[index]
+        assert r.json["case_id"] == "BUG-20" and r.json["package_generation"] == 1  # type: ignore[index]
+        assert snapshot(store_dir) == existing_store
+        text = cli("intake", "--store", store_dir, "--report", sample / "report.json")
+        assert text.code == 0 and "already present" in text.out, text.out

@@ -74,25 +74,40 @@ def cmd_intake(args: argparse.Namespace, out: Output, config: Config) -> int:
         plan = prepare_intake(Path(args.report), attachments, case_id=args.case_id,
                               limits=config.intake.limits, progress=advance,
                               report_format=args.format)
-    published = trio.run(_publish_intake, store_location(args, config), plan, config.store)
-    _print_intake(out, plan, published)
+    published, present = trio.run(_publish_intake, store_location(args, config), plan,
+                                  config.store)
+    _print_intake(out, plan, published, present)
     return 0
 
 
-async def _publish_intake(location: str, plan: IntakePlan, settings: StoreConfig) -> Published:
+async def _publish_intake(location: str, plan: IntakePlan, settings: StoreConfig
+                          ) -> tuple[Published, bool]:
+    """The intake published, or (True) the case as it is if this very intake is already
+    there: the same inputs make the same ``case/intake.json``, so running the command again
+    after it was interrupted (even after its commit) is not an error."""
     async with open_store(location, settings=settings) as store:
-        return await store.intake(plan)
+        try:
+            return await store.intake(plan), False
+        except CaseExists:
+            ref, snap = await store.head(plan.case_id)
+            theirs = snap.manifest.files.get("case/intake.json")
+            if theirs is None or theirs.sha256 != plan.change.files["case/intake.json"].sha256:
+                raise
+            return Published(ref.package_id, ref.case_id, ref.generation, snap.manifest,
+                             ref.status), True
 
 
-def _print_intake(out: Output, plan: IntakePlan, published: Published) -> None:
+def _print_intake(out: Output, plan: IntakePlan, published: Published, present: bool) -> None:
     sources = plan.catalogue["sources"]
     if out.as_json:
         out.document({"case_id": published.case_id, "package_id": published.package_id,
                       "package_generation": published.generation,
                       "phase": published.manifest.phase, "title": plan.title,
-                      "catalogue": plan.catalogue})
+                      "already_present": present, "catalogue": plan.catalogue})
         return
     out.line(f"case {published.case_id}: {terminal_safe(plan.title)}")  # one line, always
+    if present:
+        out.line("already present: this intake was taken in before; nothing written")
     out.line(f"package {published.package_id}, generation {published.generation}, "
              f"{len(sources)} sources")
     rows = [(s["source_id"], _kind(s), _origin(s["origin"]),

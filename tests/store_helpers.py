@@ -116,3 +116,22 @@ def fail_first_commit(store: SqliteStore, monkeypatch: pytest.MonkeyPatch,
         return real(requests)
 
     monkeypatch.setattr(store, "commit_batch", failing)
+
+
+def import_refused_then_placed(zip_path: Path, root: Path, run: Any) -> None:
+    """A tampered export: ``viano import`` (``run``: the CLI runner) refuses it
+    (invalid_export, the phase checks), and it is then put in the store by the store's own
+    rules alone, as a hand edit or an older Viano would have, to test the checks that
+    follow."""
+    from engine import IntakeLimits, Published
+    from engine._portable import read_export_structure
+
+    r = run("import", "--store", root, zip_path)
+    assert r.returncode == 2 and "invalid_export" in r.stderr + r.stdout, r.stdout + r.stderr
+    request = read_export_structure(zip_path, IntakeLimits())
+    store = open_rw(root)
+    try:
+        [out] = store.commit_batch([request])
+    finally:
+        store.close()
+    assert isinstance(out, Published), out

@@ -21,6 +21,7 @@ from tests.conftest import Cli, child_env, run_viano
 from tests.loopback.process import Provider, start_provider
 from tests.loopback.server import dead_port
 from tests.phase_helpers import FIXTURES, SAMPLE, json_edit, rewrite_export
+from tests.store_helpers import import_refused_then_placed
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -257,7 +258,7 @@ class TestOperations:
         rewrite_export(tmp_path / "x.zip", tmp_path / "e.zip",
                        [(I1 + "interpretation.json", json_edit(reword))])
         other = tmp_path / "b"
-        assert cli("import", tmp_path / "e.zip", "--store", other).code == 0
+        import_refused_then_placed(tmp_path / "e.zip", other, run_viano)
         before = cli("show", "BUG-20", "--json", "--store", other).json
         r = cli("confirm", "BUG-20", "--by", "qa", "--json", "--store", other)
         assert r.code == 2, r.out

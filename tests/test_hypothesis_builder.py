@@ -44,7 +44,7 @@ from tests.phase_helpers import (
     services,
     start_sample_server,
 )
-from tests.store_helpers import open_ro
+from tests.store_helpers import import_refused_then_placed, open_ro
 from viano_bug_analysis.analysis import HypothesisBuilder, HypothesisConfig
 
 pytestmark = pytest.mark.usefixtures("backend")
@@ -514,8 +514,7 @@ class TestTamperResistance:
         assert run_viano("export", "--store", tmp_path / "a", "BUG-20",
                          tmp_path / "x.zip").returncode == 0
         edited = _edit_registry(tmp_path / "x.zip", tmp_path / "edited.zip")
-        r = run_viano("import", "--store", tmp_path / "b", edited)
-        assert r.returncode == 0, r.stdout + r.stderr
+        import_refused_then_placed(edited, tmp_path / "b", run_viano)
         calls = _calls(server)
         async with services(tmp_path / "b", [http_provider("p", "openai",
                                                            server.openai_url)]) as sv:

@@ -53,7 +53,7 @@ from tests.phase_helpers import (
     services,
     start_sample_server,
 )
-from tests.store_helpers import open_ro
+from tests.store_helpers import import_refused_then_placed, open_ro
 from viano_bug_analysis.analysis import HypothesisConfig
 
 pytestmark = pytest.mark.usefixtures("backend")
@@ -144,8 +144,8 @@ def _export(root: Path, dest: Path) -> Path:
 
 
 def _import(zip_path: Path, root: Path) -> None:
-    r = run_viano("import", "--store", root, zip_path)
-    assert r.returncode == 0, r.stdout + r.stderr
+    """A tampered export: refused by import, then placed in the store behind its back."""
+    import_refused_then_placed(zip_path, root, run_viano)
 
 
 def _round_doc(spec: PhaseSpec, revision: int = 1, *, hashes: str = "0" * 64,

@@ -1,13 +1,15 @@
 """The LLM phases: the durable protocol they share (written once), case interpretation,
 and the case operations between dispatches."""
 
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from .._errors import ImportRejected
 from .._store import BlobSource, Manifest, PackageCheck, Store
 from .._store._blobs import verified_stream
-from .._store._sources import read_verified
+from .._store._sources import CHUNK, read_verified
 from . import _hypotheses, _interpretation
 from ._history import history_problems as history_problems
 from ._history import pointer_problems, stray_revisions
@@ -93,10 +95,20 @@ def import_problems(manifests: Sequence[Manifest], blobs: Mapping[str, BlobSourc
         return data
 
     def open_(sha: str) -> BinaryIO:
+        # Readers seek (an archive's directory is at its end): the member, hashed as it is
+        # copied, in a spooled file (memory up to SPOOL_BYTES, then a temporary file).
         source = blobs.get(sha)
         if source is None:
             raise ImportRejected(f"blob {sha[:12]}… is not in the export")
-        return verified_stream(source.open(), sha)
+        spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)  # noqa: SIM115
+        try:
+            with verified_stream(source.open(), sha) as f:
+                shutil.copyfileobj(f, spool, CHUNK)
+        except BaseException:
+            spool.close()
+            raise
+        spool.seek(0)
+        return cast(BinaryIO, spool)
 
     return _phase_problems(read, open_, manifests)
 
@@ -115,3 +127,4 @@ def _phase_problems(read: Callable[[str], bytes], open_: Callable[[str], BinaryI
 
 
 PHASE_CHECKS: Sequence[PackageCheck] = (_check_phases,)
+SPOOL_BYTES = 8 * 1024 * 1024  # an export's member read for the phase checks, in memory

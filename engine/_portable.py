@@ -46,6 +46,7 @@ from ._store import (
 )
 from ._store._blobs import fsync_dir
 from ._store._common import parse_stored_manifest
+from ._store._manifest import MAX_REVISION
 
 EXPORT_FORMAT = "viano-export/1"
 INDEX = "viano-export.json"
@@ -263,5 +264,8 @@ def _parse_manifest(raw: bytes, sha: str, label: str, gen: int) -> Manifest:
     if manifest.package_generation != gen:
         raise ImportRejected(f"{label}: manifests/{gen:06d}.json holds generation "
                              f"{manifest.package_generation}")
+    if manifest.analysis_revision > MAX_REVISION:
+        raise ImportRejected(f"{label}: generation {gen}: analysis_revision "
+                             f"{manifest.analysis_revision} is past the last, {MAX_REVISION}")
     return manifest
 

@@ -304,6 +304,33 @@ class TestRevisionLimit:
         assert r.json["error"]["reason"] == "invalid_export", r.out  # type: ignore[index]
         assert "analysis_revision" in r.out, r.out
 
+    def test_a_store_that_took_a_later_revision_stays_readable(
+            self, cli: Cli, sample: Path, tmp_path: Path) -> None:
+        """A store that took revision 10000 before the limit (an import by an older Viano,
+        here put in by the store's own rules) still reads: show and gc work, verify reports
+        the case only; the limit stops new revisions, not reading old ones."""
+        from engine import BytesSource, ImportRequest, Manifest, Published
+        from tests.store_helpers import open_rw
+
+        forged = self._at(cli, sample, tmp_path, 10_000)
+        r = cli("import", "--store", tmp_path / "d", forged)
+        assert r.code == 2, r.out
+        with zipfile.ZipFile(forged) as z:
+            names = sorted(n for n in z.namelist() if n.startswith("manifests/"))
+            manifests = tuple(Manifest.parse(z.read(n)) for n in names)
+            blobs = {n.removeprefix("blobs/"): BytesSource.of(z.read(n))
+                     for n in z.namelist() if n.startswith("blobs/")}
+        dest = tmp_path / "old"
+        store = open_rw(dest)
+        try:
+            [out] = store.commit_batch([ImportRequest(manifests[0].package_id, "BUG-20",
+                                                      manifests, blobs)])
+            assert isinstance(out, Published) and out.manifest.analysis_revision == 10_000
+        finally:
+            store.close()
+        assert cli("show", "BUG-20", "--store", dest).code == 0
+        assert cli("gc", "--store", dest, "--min-age", "0").code == 0
+
     def test_the_last_revision_imports_and_cannot_be_reopened(
             self, cli: Cli, sample: Path, tmp_path: Path) -> None:
         dest = tmp_path / "dest"
@@ -314,3 +341,44 @@ class TestRevisionLimit:
         assert r.json["error"]["reason"] == "revision_limit", r.out  # type: ignore[index]
         assert snapshot(dest) == before
         assert cli("verify", "--store", dest).code == 0
+
+
+class TestAnExportThatChangesWhileRead(TestPhaseHistories):
+    @pytest.mark.parametrize("error", ["BadZipFile", "OSError", "EOFError"])
+    def test_a_member_that_cannot_be_read_is_a_refusal(
+            self, cli: Cli, sample: Path, tmp_path: Path, error: str,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        """The zip replaced while import's phase checks read it: a refusal
+        (input_changed, or a problem named), never an internal error (it was 'unexpected
+        BadZipFile')."""
+        import zipfile as zf
+
+        from engine import ImportRejected, IntakeLimits
+        from engine._phases import import_problems
+        from engine._portable import read_export_structure
+
+        request = read_export_structure(self._analysed(cli, sample, tmp_path),
+                                        IntakeLimits())
+        raised = {"BadZipFile": zf.BadZipFile("File is not a zip file"),
+                  "OSError": OSError(5, "Input/output error"),
+                  "EOFError": EOFError()}[error]
+
+        class Gone:
+            def __init__(self, sha: str, size: int):
+                self.sha256, self.size = sha, size
+
+            def open(self) -> Any:
+                raise raised
+
+        blobs: dict[str, Any] = {sha: Gone(src.sha256, src.size)
+                                 for sha, src in request.blobs.items()}
+        import engine._phases._view as view
+
+        # Nothing read before (the export, in this process) may answer from the cache.
+        monkeypatch.setattr(view, "DOCUMENTS", view._Documents())
+        try:
+            problems = import_problems(request.manifests, blobs)
+        except ImportRejected as exc:
+            assert exc.reason == "input_changed", exc
+        else:
+            assert problems, "a history whose blobs cannot be read passed the checks"

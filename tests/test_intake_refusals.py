@@ -204,3 +204,40 @@ class TestReportRefusals:
         assert snapshot(store_dir) == existing_store
         text = cli("intake", "--store", store_dir, "--report", sample / "report.json")
         assert text.code == 0 and "already present" in text.out, text.out
+
+    def test_a_case_whose_inputs_differ_is_not_already_present(
+            self, cli: Cli, sample: Path, tmp_path: Path) -> None:
+        """A case whose case/intake.json names these inputs but whose stored input bytes
+        are others (an import made it so; verify does not compare the two): the genuine
+        intake is case_exists, not "already present" over the wrong bytes."""
+        from engine import (
+            Attachment,
+            BytesSource,
+            Change,
+            IntakeLimits,
+            PublishRequest,
+            new_package_id,
+            prepare_intake,
+        )
+        from tests.store_helpers import open_rw
+
+        diag = sample / "wowdiag.zip"
+        plan = prepare_intake(sample / "report.json", [Attachment("diagnostics", diag)],
+                              case_id=None, limits=IntakeLimits())
+        files = dict(plan.change.files)
+        swapped = [p for p in files if p.startswith("inputs/") and p.endswith(".zip")]
+        assert swapped, files
+        files[swapped[0]] = BytesSource.of(b"PK-not-really a different diag")
+        root = tmp_path / "s"
+        store = open_rw(root)
+        try:
+            [out] = store.commit_batch([PublishRequest(new_package_id(), plan.case_id, None,
+                                                       Change(files=files, phase="INTAKE",
+                                                              pointers=plan.change.pointers))])
+            assert not isinstance(out, Exception), out
+        finally:
+            store.close()
+        r = cli("intake", "--json", "--store", root, "--report", sample / "report.json",
+                "--attach", f"diagnostics={diag}")
+        assert r.code == 2, r.out
+        assert r.json["error"]["reason"] == "case_exists", r.out  # type: ignore[index]

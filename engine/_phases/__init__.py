@@ -1,15 +1,16 @@
 """The LLM phases: the durable protocol they share (written once), case interpretation,
 and the case operations between dispatches."""
 
-import shutil
-import tempfile
-from collections.abc import Callable, Mapping, Sequence
+import zipfile
+import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import BinaryIO, cast
 
 from .._errors import ImportRejected
 from .._store import BlobSource, Manifest, PackageCheck, Store
 from .._store._blobs import verified_stream
-from .._store._sources import CHUNK, read_verified
+from .._store._sources import read_verified
 from . import _hypotheses, _interpretation
 from ._history import history_problems as history_problems
 from ._history import pointer_problems, stray_revisions
@@ -84,33 +85,63 @@ def _check_phases(store: Store, manifests: Sequence[Manifest]) -> list[str]:
 
 def import_problems(manifests: Sequence[Manifest], blobs: Mapping[str, BlobSource]
                     ) -> list[str]:
-    """verify's phase-level check on a history about to be imported, its blobs read (and
-    hashed again) from the export: a history that verify would report is refused before
-    anything of it is written, as a local publication of it would have been."""
+    """verify's phase-level check on a history about to be imported, its blobs read from
+    the export (whole ones hashed again; excerpts read in place, as verify reads them from a
+    store): a history that verify would report is refused before anything of it is
+    written, as a local publication of it would have been. An export that changes while
+    it is read is refused too (``input_changed``), never an internal error."""
     def read(sha: str) -> bytes:
         source = blobs.get(sha)
-        data = None if source is None else read_verified(source)
+        with _export_read(f"blob {sha[:12]}…"):
+            data = None if source is None else read_verified(source)
         if data is None:
             raise ImportRejected(f"blob {sha[:12]}… is not in the export as its hash says")
         return data
 
     def open_(sha: str) -> BinaryIO:
-        # Readers seek (an archive's directory is at its end): the member, hashed as it is
-        # copied, in a spooled file (memory up to SPOOL_BYTES, then a temporary file).
         source = blobs.get(sha)
         if source is None:
             raise ImportRejected(f"blob {sha[:12]}… is not in the export")
-        spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)  # noqa: SIM115
-        try:
-            with verified_stream(source.open(), sha) as f:
-                shutil.copyfileobj(f, spool, CHUNK)
-        except BaseException:
-            spool.close()
-            raise
-        spool.seek(0)
-        return cast(BinaryIO, spool)
+        with _export_read(f"blob {sha[:12]}…"):
+            return verified_stream(cast(BinaryIO, _Guarded(source.open(), sha)), sha)
 
-    return _phase_problems(read, open_, manifests)
+    with _export_read("a blob"):
+        return _phase_problems(read, open_, manifests)
+
+
+_CHANGED = (OSError, EOFError, zipfile.BadZipFile, zlib.error)
+
+
+@contextmanager
+def _export_read(what: str) -> Iterator[None]:
+    try:
+        yield
+    except _CHANGED as exc:
+        raise ImportRejected(f"{what} could not be read from the export as it was "
+                             f"validated ({type(exc).__name__})", reason="input_changed",
+                             hint="Do not modify the export while Viano reads it; run the "
+                                  "command again.") from exc
+
+
+class _Guarded:
+    """A member stream whose read errors (the zip replaced meanwhile) are refusals."""
+
+    def __init__(self, inner: BinaryIO, sha: str):
+        self._inner, self._sha = inner, sha
+
+    def read(self, n: int = -1) -> bytes:
+        with _export_read(f"blob {self._sha[:12]}…"):
+            return self._inner.read(n)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        with _export_read(f"blob {self._sha[:12]}…"):
+            return self._inner.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._inner.tell()
+
+    def close(self) -> None:
+        self._inner.close()
 
 
 def _phase_problems(read: Callable[[str], bytes], open_: Callable[[str], BinaryIO],
@@ -127,4 +158,3 @@ def _phase_problems(read: Callable[[str], bytes], open_: Callable[[str], BinaryI
 
 
 PHASE_CHECKS: Sequence[PackageCheck] = (_check_phases,)
-SPOOL_BYTES = 8 * 1024 * 1024  # an export's member read for the phase checks, in memory

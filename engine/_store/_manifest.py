@@ -60,8 +60,9 @@ def validate_logical_path(path: str) -> str:
     return path
 
 
-# The last analysis revision: a revision's artifacts live under four-digit folders
-# (analysis/<phase>/0001/), so a larger one could be written but never audited.
+# The last analysis revision a change may make or an import bring: a revision's artifacts
+# live under four-digit folders (analysis/<phase>/0001/), so a larger one could be written
+# but never audited.
 MAX_REVISION = 9999
 _REMEMBERED_PATH = 256  # longer paths are checked every time: 8192 of them stay < 3 MB
 
@@ -161,7 +162,9 @@ class Manifest:
         _check_str(doc, "phase", PHASE)
         _check_str(doc, "created_at", TIMESTAMP)
         gen = _check_int(doc, "package_generation")
-        revision = _check_int(doc, "analysis_revision", MAX_REVISION)
+        # Up to 2**62 when read: a store written before the limit stays readable (verify
+        # reports what its layout cannot hold); new revisions stop at MAX_REVISION.
+        revision = _check_int(doc, "analysis_revision")
         parent = doc["parent_generation"]
         if parent != (gen - 1 if gen > 1 else None) or type(parent) not in (int, type(None)):
             raise ChangeRejected(f"parent_generation {parent!r} does not precede {gen}")

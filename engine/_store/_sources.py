@@ -94,6 +94,17 @@ class _ClosingMember:
     def read(self, n: int = -1) -> bytes:
         return self._stream.read(n)
 
+    # zipfile's member stream seeks (forward by reading, back by starting again): readers
+    # that seek (an archive inside the member) read it in place, without a copy.
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._stream.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._stream.tell()
+
     def close(self) -> None:
         self._stream.close()
         self._zf.close()

@@ -38,6 +38,7 @@ from engine import (
     NotFound,
     Published,
     RejectedInput,
+    StorageError,
     StoreConfig,
     UsageError,
     VianoError,
@@ -88,10 +89,16 @@ async def _publish_intake(location: str, plan: IntakePlan, settings: StoreConfig
     async with open_store(location, settings=settings) as store:
         try:
             return await store.intake(plan), False
-        except CaseExists:
-            ref, snap = await store.head(plan.case_id)
-            theirs = snap.manifest.files.get("case/intake.json")
-            if theirs is None or theirs.sha256 != plan.change.files["case/intake.json"].sha256:
+        except CaseExists as exists:
+            try:
+                ref, snap = await store.head(plan.case_id)
+            except StorageError:
+                raise exists from None  # the case exists; a damaged head proves nothing
+            # Every file this intake would write is the case's (its inputs and case/
+            # documents are write-once, so the head still holds them as written).
+            held = snap.manifest.files
+            if any(held.get(path) is None or held[path].sha256 != source.sha256
+                   for path, source in plan.change.files.items()):
                 raise
             return Published(ref.package_id, ref.case_id, ref.generation, snap.manifest,
                              ref.status), True

@@ -61,10 +61,10 @@ def reopen_change(view: PackageView, reason: str, by: str) -> tuple[Change, Case
     new = m.analysis_revision + 1
     if new > MAX_REVISION:
         raise PhaseRefused(f"case {m.case_id!r} is at analysis revision "
-                             f"{m.analysis_revision}, the last there can be",
-                             reason="revision_limit",
-                             hint="Nothing was written. Take the case in again as a new case "
-                                  "(viano intake) to analyse it afresh.")
+                           f"{m.analysis_revision}, the last there can be",
+                           reason="revision_limit",
+                           hint="Nothing was written. Take the case in again as a new case "
+                                "(viano intake) to analyse it afresh.")
     path = f"analysis/revisions/{new:04d}.json"
     doc = {"format": "viano-revision/1", "analysis_revision": new,
            "previous_revision": m.analysis_revision, "previous_phase": m.phase,

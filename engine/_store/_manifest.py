@@ -203,10 +203,10 @@ def _check_str(doc: dict[str, Any], key: str, pattern: re.Pattern[str]) -> str:
     return value
 
 
-def _check_int(doc: dict[str, Any], key: str, limit: int = 2**62) -> int:
+def _check_int(doc: dict[str, Any], key: str) -> int:
     value = doc[key]
-    if type(value) is not int or value < 1 or value > limit:
-        raise ChangeRejected(f"manifest {key} {value!r} is not an integer from 1 to {limit}")
+    if type(value) is not int or value < 1 or value > 2**62:
+        raise ChangeRejected(f"manifest {key} {value!r} is not a positive integer")
     return value
 
 

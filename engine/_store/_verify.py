@@ -14,8 +14,8 @@ caller.
 A damaged generation never stops the check: it is reported and the rest goes on. Orphan
 blob files and leftover temporary files are counted (only crashes leave them; ``gc``
 removes both); a damaged package's rows, on its chain or not, count as referencing what
-they name, as they do for gc. A store whose index is missing or empty while blobs exist is refused
-(``store_corrupt``): judging the blobs by it would call them all orphans.
+they name, as they do for gc. A store whose index is missing or empty while blobs exist is
+refused (``store_corrupt``): judging the blobs by it would call them all orphans.
 """
 
 from __future__ import annotations

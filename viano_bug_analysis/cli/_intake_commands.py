@@ -84,8 +84,8 @@ def cmd_intake(args: argparse.Namespace, out: Output, config: Config) -> int:
 async def _publish_intake(location: str, plan: IntakePlan, settings: StoreConfig
                           ) -> tuple[Published, bool]:
     """The intake published, or (True) the case as it is if this very intake is already
-    there: the same inputs make the same ``case/intake.json``, so running the command again
-    after it was interrupted (even after its commit) is not an error."""
+    there (every file it would write is the case's), so running the command again after
+    it was interrupted, even after its commit, is not an error."""
     async with open_store(location, settings=settings) as store:
         try:
             return await store.intake(plan), False

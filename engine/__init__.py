@@ -33,6 +33,7 @@ from ._errors import ConfigError as ConfigError
 from ._errors import DestinationRejected as DestinationRejected
 from ._errors import GatewayCancelled as GatewayCancelled
 from ._errors import GatewayError as GatewayError
+from ._errors import HistoryConflict as HistoryConflict
 from ._errors import ImportRejected as ImportRejected
 from ._errors import InputRejected as InputRejected
 from ._errors import InvalidCaseId as InvalidCaseId
@@ -72,6 +73,7 @@ from ._intake import FORMATS as FORMATS
 from ._intake import ROLES as ROLES
 from ._intake import Attachment as Attachment
 from ._intake import IntakePlan as IntakePlan
+from ._intake import check_regular as check_regular
 from ._intake import prepare_intake as prepare_intake
 from ._json import UntrustedJson as UntrustedJson
 from ._json import loads_untrusted as loads_untrusted

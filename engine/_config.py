@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import stat
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +22,7 @@ from ._errors import ConfigError
 from ._strict import STRICT, structure_errors
 
 DEFAULT_CONFIG_PATH = Path("config/analysis.local.toml")
+MAX_CONFIG_BYTES = 1 << 20
 ProviderKind = Literal["openai", "anthropic", "fixture"]
 
 
@@ -216,13 +218,24 @@ class Config:
     def load(cls, path: str | os.PathLike[str]) -> Config:
         p = Path(path)
         try:
-            data = tomllib.loads(p.read_text(encoding="utf-8"))
+            if not stat.S_ISREG(p.stat().st_mode):  # a FIFO would block, /dev/zero never end
+                raise ConfigError(f"{p}: not a regular file",
+                                  hint="Pass --config a TOML file (see "
+                                       "config/analysis.example.toml).")
+            with p.open("rb") as f:
+                raw = f.read(MAX_CONFIG_BYTES + 1)
+            if len(raw) > MAX_CONFIG_BYTES:
+                raise ConfigError(f"{p}: larger than {MAX_CONFIG_BYTES} bytes, which no "
+                                  "configuration needs")
+            data = tomllib.loads(raw.decode("utf-8"))
         except FileNotFoundError as exc:
             raise ConfigError(f"{p}: configuration file not found") from exc
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{p}: cannot read configuration ({exc.__class__.__name__})") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{p}: not valid TOML ({exc})") from exc
+        except RecursionError as exc:  # tomllib recurses per nested array or table
+            raise ConfigError(f"{p}: nested too deeply to be a configuration") from exc
         return cls.from_mapping(data, source=str(p))
 
     @classmethod

@@ -22,7 +22,8 @@ happened, a ``hint`` saying what to do next, and the CLI exit code it maps to::
     │   ├── DestinationRejected        destination_exists, destination_in_store,
     │   │                              destination_invalid
     │   ├── CaseExists                 case_exists
-    │   ├── StaleGeneration            stale_generation
+    │   ├── StaleGeneration            stale_generation, lease_lost
+    │   ├── HistoryConflict            package_mismatch, older_history, history_diverged
     │   └── PhaseRefused               no_interpretation, interpretation_mismatch,
     │                                  not_blocked, package_mismatch, unsupported_history
     ├── CaseLocked                     locked (exit 11: DEFERRED, try again later)
@@ -139,6 +140,16 @@ class CaseExists(RejectedInput):
 class StaleGeneration(RejectedInput):
     default_reason = "stale_generation"
     default_hint = "Another writer advanced this package; read the current generation and retry."
+
+
+class HistoryConflict(RejectedInput):
+    """A request whose history cannot join the store's, however often it is retried: a
+    package id that belongs to another case, an export shorter than what the store holds,
+    or one that diverges from it."""
+
+    default_reason = "history_diverged"
+    default_hint = ("The two stores changed this case independently: import the export into "
+                    "another store (--store NEW) and compare them with 'viano log'.")
 
 
 class PhaseRefused(RejectedInput):

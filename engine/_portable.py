@@ -30,9 +30,15 @@ import attrs
 
 from ._canonical import artifact_json
 from ._config import IntakeLimits
-from ._errors import ChangeRejected, DestinationRejected, ImportRejected, InvalidCaseId
+from ._errors import (
+    ArchiveRejected,
+    ChangeRejected,
+    DestinationRejected,
+    ImportRejected,
+    InvalidCaseId,
+)
 from ._ids import validate_case_id
-from ._intake import archive_kind, scan_archive
+from ._intake import archive_kind, check_regular, scan_archive
 from ._json import UntrustedJson, loads_untrusted
 from ._phases import import_problems
 from ._store import (
@@ -178,11 +184,21 @@ def read_export_structure(path: Path, limits: IntakeLimits) -> ImportRequest:
     own rules accept (tests use it to put a history in a store that only the phase checks
     would refuse, to test the checks that follow)."""
     label = str(path)
-    if not path.is_file():
-        raise ImportRejected(f"{label}: no such file")
+    check_regular(path)
     if archive_kind(path) != "zip":
         raise ImportRejected(f"{label}: not a zip file")
-    members = {m.name: m for m in scan_archive(path, "zip", import_limits(limits), label)}
+    try:
+        scanned = scan_archive(path, "zip", import_limits(limits), label)
+    except ArchiveRejected as exc:
+        # An export is a zip Viano wrote: a member it cannot hold (unsafe, encrypted,
+        # damaged) says the file is not one, or was changed; only a size may be a limit.
+        raise ArchiveRejected(exc.message, reason=exc.reason, hint=(
+            "The export is larger than this configuration allows; raise [intake.limits] "
+            "max_total_bytes if you trust it (import allows 16 times it)."
+            if exc.reason == "limit_exceeded" else
+            "This file is not an export Viano wrote, or it was changed after; nothing was "
+            "imported. Export the case again from its store.")) from exc
+    members = {m.name: m for m in scanned}
     if INDEX not in members or members[INDEX].size > MAX_INDEX_BYTES:
         raise ImportRejected(f"{label}: {INDEX} is missing or too large")
     with zipfile.ZipFile(path) as zf:

@@ -72,6 +72,41 @@ class TestRefusals:
             Config.load(tmp_path / "absent.toml")
 
 
+class TestWhatIsNotAConfigFile:
+    """Whatever --config names is read within bounds: a folder, a FIFO (reading would
+    block) or a device (/dev/zero never ends) is refused unread, and a file too large or
+    nested too deeply for tomllib is config_invalid, never an internal error."""
+
+    @pytest.mark.parametrize("kind", ["folder", "fifo", "device"])
+    def test_not_a_regular_file(self, tmp_path: Path, kind: str) -> None:
+        import os
+
+        path = tmp_path / "c.toml"
+        if kind == "folder":
+            path.mkdir()
+        elif kind == "fifo":
+            os.mkfifo(path)
+        else:
+            path = Path("/dev/zero")
+        with pytest.raises(ConfigError, match="not a regular file"):
+            Config.load(path)
+
+    def test_too_large(self, tmp_path: Path) -> None:
+        path = tmp_path / "c.toml"
+        path.write_text("# padding\n" * 200_000)  # 2 MB of valid TOML
+        with pytest.raises(ConfigError, match="larger than"):
+            Config.load(path)
+
+    @pytest.mark.parametrize("deep", ["a = " + "[" * 5000 + "1" + "]" * 5000,
+                                      "a = " + "{x = " * 5000 + "1" + "}" * 5000])
+    def test_nested_too_deeply(self, tmp_path: Path, deep: str) -> None:
+        path = tmp_path / "c.toml"
+        path.write_text(deep + "\n")
+        with pytest.raises(ConfigError, match="nested too deeply") as info:
+            Config.load(path)
+        assert info.value.reason == "config_invalid"
+
+
 NUMBERS = [("hypotheses", "min_hypotheses"), ("hypotheses.limits", "max_context_bytes"),
            ("retry", "base_delay_s"), ("retry", "max_delay_s"), ("retry", "max_rounds"),
            ("intake.limits", "max_compression_ratio"), ("intake.limits", "max_members"),

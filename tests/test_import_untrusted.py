@@ -183,8 +183,8 @@ class TestHistories:
         trio.run(go)
 
     def test_a_shorter_history_is_refused(self, cli: Cli, sample: Path, tmp_path: Path) -> None:
-        """Importing an export older than what the store has is refused (stale_generation),
-        the longer history kept."""
+        """Importing an export older than what the store has is refused (older_history: a
+        retry cannot help, so not stale_generation), the longer history kept."""
         a, b = tmp_path / "a", tmp_path / "b"
         assert cli("intake", "--store", a, "--report", sample / "report.json").code == 0
         assert cli("export", "--store", a, "BUG-20", tmp_path / "short.zip").code == 0
@@ -193,7 +193,8 @@ class TestHistories:
         assert cli("import", "--store", b, tmp_path / "long.zip").code == 0
         before = snapshot(b)
         r = cli("import", "--json", "--store", b, tmp_path / "short.zip")
-        assert r.code == 2 and r.json["error"]["reason"] == "stale_generation"  # type: ignore[index]
+        assert r.code == 2 and r.json["error"]["reason"] == "older_history"  # type: ignore[index]
+        assert "retry" not in r.json["error"]["hint"]  # type: ignore[index]
         assert snapshot(b) == before
 
     def test_a_diverged_history_is_refused(self, cli: Cli, sample: Path, tmp_path: Path) -> None:
@@ -208,7 +209,8 @@ class TestHistories:
         assert cli("export", "--store", a, "BUG-20", tmp_path / "a.zip").code == 0
         before = snapshot(b)
         r = cli("import", "--json", "--store", b, tmp_path / "a.zip")
-        assert r.code == 2 and r.json["error"]["reason"] == "stale_generation"  # type: ignore[index]
+        assert r.code == 2 and r.json["error"]["reason"] == "history_diverged"  # type: ignore[index]
+        assert "retry" not in r.json["error"]["hint"]  # type: ignore[index]
         assert "different history" in r.json["error"]["message"]  # type: ignore[index]
         assert snapshot(b) == before
 
@@ -382,3 +384,112 @@ class TestAnExportThatChangesWhileRead(TestPhaseHistories):
             assert exc.reason == "input_changed", exc
         else:
             assert problems, "a history whose blobs cannot be read passed the checks"
+
+
+def _not_a_file(kind: str, tmp: Path) -> tuple[Path, str]:
+    """A path that names something other than a regular file, and what the refusal says."""
+    import os
+
+    path = tmp / f"thing-{kind}.zip"
+    if kind == "folder":
+        path.mkdir()
+        return path, "a folder"
+    if kind == "fifo":
+        os.mkfifo(path)  # opening it to read would block until a writer came
+        return path, "a FIFO"
+    if kind == "device":
+        return Path("/dev/zero"), "a device"  # reading it would never end
+    return path, "no such file"
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo", "device", "missing"])
+class TestWhatIsNotAFile:
+    """Every file Viano reads (an export, a report, an attachment) is checked to be a
+    regular file before it is opened: each other kind is refused by name, nothing
+    written, and never read (a FIFO would hang the command, /dev/zero never ends)."""
+
+    def test_import(self, cli: Cli, sample: Path, tmp_path: Path, kind: str) -> None:
+        store = tmp_path / "store"
+        assert cli("intake", "--store", store, "--report", sample / "report.json").code == 0
+        before = snapshot(store)
+        path, said = _not_a_file(kind, tmp_path)
+        r = cli("import", "--json", "--store", store, path)
+        assert r.code == 2, r.err
+        error = r.json["error"]  # type: ignore[index]
+        assert error["reason"] == "invalid_input" and said in error["message"], error
+        assert snapshot(store) == before
+
+    @pytest.mark.parametrize("flag", ["--report", "--attach"])
+    def test_intake(self, cli: Cli, sample: Path, tmp_path: Path, kind: str,
+                    flag: str) -> None:
+        store = tmp_path / "store"
+        path, said = _not_a_file(kind, tmp_path)
+        args = {"--report": ["--report", path], "--batch": ["--batch", path],
+                "--attach": ["--report", sample / "report.json", "--attach", path]}[flag]
+        r = cli("intake", "--json", "--store", store, *args)
+        assert r.code == 2, r.err
+        error = r.json["error"]  # type: ignore[index]
+        assert error["reason"] == "invalid_input" and said in error["message"], error
+        assert not (store / "store.sqlite3").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_bulk_intake_of_what_is_not_a_file(cli: Cli, tmp_path: Path, kind: str) -> None:
+    """--batch reads a folder of reports or a JSON Lines file; a FIFO or a device is
+    refused by name, unread (a folder is what --batch reads; missing is a usage error)."""
+    store = tmp_path / "store"
+    path, said = _not_a_file(kind, tmp_path)
+    r = cli("intake", "--json", "--store", store, "--batch", path)
+    assert r.code == 2, r.err
+    error = r.json["error"]  # type: ignore[index]
+    assert error["reason"] == "invalid_input" and said in error["message"], error
+    assert not (store / "store.sqlite3").exists()
+
+
+def _with_member(good: Path, dest: Path, name: str, *, encrypted: bool = False) -> Path:
+    """The good export with one more member; ``encrypted`` sets that member's encryption
+    flag in its local header and its central-directory record (zipfile cannot write one)."""
+    dest.write_bytes(good.read_bytes())
+    with zipfile.ZipFile(dest, "a") as zf:
+        zf.writestr(name, b"x")
+    if encrypted:
+        raw = bytearray(dest.read_bytes())
+        for sig, flags_at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
+            at = raw.rindex(sig)  # the member written last is last in both
+            raw[at + flags_at] |= 0x1
+        dest.write_bytes(bytes(raw))
+    return dest
+
+
+class TestArchiveRefusalsOnImport:
+    """An export is a zip Viano wrote: a member that no export holds says the file is not
+    one (or was changed), so its hint says to export again, never to raise a limit; only a
+    size beyond the configuration's limits hints at the limit."""
+
+    @pytest.mark.parametrize(("name", "encrypted", "reason"), [
+        ("../evil", False, "unsafe_archive_member"),
+        ("blobs/" + "0" * 64, True, "encrypted_archive_member")])
+    def test_a_member_no_export_holds(self, cli: Cli, sample: Path, tmp_path: Path,
+                                      name: str, encrypted: bool, reason: str) -> None:
+        bad = _with_member(_export(cli, sample, tmp_path), tmp_path / "bad.zip", name,
+                           encrypted=encrypted)
+        target = tmp_path / "target"
+        r = cli("import", "--json", "--store", target, bad)
+        assert r.code == 2, r.err
+        error = r.json["error"]  # type: ignore[index]
+        assert error["reason"] == reason, error
+        assert "Export the case again" in error["hint"] and "limit" not in error["hint"], error
+        assert not target.exists()
+
+    def test_an_export_beyond_the_limits(self, cli: Cli, sample: Path, tmp_path: Path) -> None:
+        good = _export(cli, sample, tmp_path)
+        cfg = tmp_path / "small.toml"
+        small = good.stat().st_size // 64
+        cfg.write_text(f"[intake.limits]\nmax_total_bytes = {small}\n"
+                       f"max_member_bytes = {small}\n")
+        target = tmp_path / "target"
+        r = cli("import", "--json", "--store", target, "--config", cfg, good)
+        assert r.code == 2, r.err
+        error = r.json["error"]  # type: ignore[index]
+        assert error["reason"] == "limit_exceeded" and "max_total_bytes" in error["hint"], error
+        assert not target.exists()

@@ -17,6 +17,7 @@ from engine import (
     CaseStatus,
     Change,
     ChangeRejected,
+    HistoryConflict,
     ImportRejected,
     ImportRequest,
     Manifest,
@@ -192,6 +193,35 @@ def test_an_import_is_what_its_manifests_bytes_say(tmp_path: Path) -> None:
         store.close()
 
 
+def test_a_package_of_another_case_is_a_history_conflict_not_a_retry(tmp_path: Path) -> None:
+    """A publication, status or import naming a package that belongs to another case can
+    never succeed on retry: it is ``package_mismatch`` (not ``stale_generation``, whose hint
+    says retry) and writes nothing; the request beside it in the batch still commits."""
+    store = open_rw(tmp_path / "s")
+    try:
+        first = store.commit_batch([PublishRequest(new_package_id(), "OWNER-1", None, Change(
+            files={"inputs/a.txt": BytesSource.of(b"a")}, phase="INTAKE"))])[0]
+        assert isinstance(first, Published), first
+        pkg = first.package_id
+        g1 = store.generations(pkg)[0]
+        wrong = [
+            PublishRequest(pkg, "OTHER-1", 1, Change(files={"work/b.txt": BytesSource.of(
+                b"b")})),
+            StatusRequest(pkg, "OTHER-1", 1, CaseStatus(status="READY", phase="INTAKE")),
+            ImportRequest(pkg, "OTHER-1", (g1,), {}),
+        ]
+        fine = PublishRequest(pkg, "OWNER-1", 1, Change(files={"work/c.txt": BytesSource.of(
+            b"c")}))
+        outs = store.commit_batch([*wrong, fine])
+        for out in outs[:3]:
+            assert isinstance(out, HistoryConflict), out
+            assert out.reason == "package_mismatch" and "retry" not in out.hint, out
+        assert isinstance(outs[3], Published) and outs[3].generation == 2, outs[3]
+        assert [c.case_id for c in store.list_cases()] == ["OWNER-1"]
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize(("first", "second", "second_is"), [
     (1, 1, "same"), (1, 2, "ahead"), (2, 1, "stale"), (2, 2, "same"), (0, 2, "diverged")])
 def test_requests_of_one_batch_build_on_the_histories_before_them(
@@ -217,11 +247,11 @@ def test_requests_of_one_batch_build_on_the_histories_before_them(
         one, two = store.commit_batch(requests)
         assert isinstance(one, Published), one
         if second_is == "stale":
-            assert isinstance(two, StaleGeneration), two
+            assert isinstance(two, HistoryConflict) and two.reason == "older_history", two
         elif first == 0:
             # The publication's generation 1 has its own time, so the export diverges
             # from it at generation 1: refused as a different history, not as damage.
-            assert isinstance(two, StaleGeneration) and "different history" in str(two), two
+            assert isinstance(two, HistoryConflict) and two.reason == "history_diverged", two
         else:
             assert isinstance(two, Published), two
             assert two.generation == max(first, second)

@@ -33,6 +33,7 @@ from engine import FailureClass as FailureClass
 from engine import GatewayCancelled as GatewayCancelled
 from engine import GatewayConfig as GatewayConfig
 from engine import GatewayError as GatewayError
+from engine import HistoryConflict as HistoryConflict
 from engine import HypothesisLimits as HypothesisLimits
 from engine import HypothesisPolicy as HypothesisPolicy
 from engine import IntakeLimits as IntakeLimits

@@ -192,7 +192,7 @@ _MEDIA = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]{0,62}/[a-z0-9][a-z0-9!#$&^_.+-]{
 def _catalogue_attachment(cat: CatalogueBuilder, att: Attachment, name: str,
                           limits: IntakeLimits, progress: Callable[[int], None] | None,
                           ) -> tuple[BlobSource, dict[str, Any]]:
-    _check_regular(att.path)
+    check_regular(att.path)
     kind = archive_kind(att.path) if att.role in EXPANDED_ROLES else None
     claimed = named_kind(att.path.name)
     if kind is None and att.role in EXPANDED_ROLES and claimed is not None:
@@ -240,16 +240,25 @@ def _shown(path: Path) -> str:
     return str(path).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _check_regular(path: Path) -> None:
+def check_regular(path: Path) -> None:
+    """A file Viano is to read (a report, an attachment, an export) exists and is a regular
+    file: a folder, a FIFO or a device is refused, never read (a FIFO would block, a device
+    never ends)."""
     try:
         st = path.stat()
     except FileNotFoundError as exc:
-        raise InputRejected(f"{_shown(path)}: no such file") from exc
+        raise InputRejected(f"{_shown(path)}: no such file",
+                            hint="Check the path and run the command again.") from exc
     except OSError as exc:
         raise InputRejected(f"{_shown(path)}: cannot be read ({exc.strerror})",
                             reason="unreadable_input") from exc
     if not stat.S_ISREG(st.st_mode):
-        raise InputRejected(f"{_shown(path)}: not a regular file")
+        kind = ("a folder" if stat.S_ISDIR(st.st_mode) else
+                "a FIFO" if stat.S_ISFIFO(st.st_mode) else
+                "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else
+                "a special file")
+        raise InputRejected(f"{_shown(path)}: {kind}, not a regular file",
+                            hint="Name a regular file.")
 
 
 @contextmanager
@@ -265,7 +274,7 @@ def _readable(path: Path) -> Iterator[None]:
 
 
 def _read_small(path: Path, limit: int) -> bytes:
-    _check_regular(path)
+    check_regular(path)
     with _readable(path), path.open("rb") as f:
         raw = f.read(limit + 1)
     if len(raw) > limit:

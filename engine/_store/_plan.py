@@ -24,6 +24,7 @@ import attrs
 from .._errors import (
     CaseExists,
     ChangeRejected,
+    HistoryConflict,
     ImportRejected,
     StaleGeneration,
     StorageError,
@@ -162,8 +163,11 @@ class _Planner:
         if head is None and owner is not None:
             raise CaseExists(f"case {case_id!r} already exists (package {owner})")
         if head is not None and head.case_id != case_id:
-            raise StaleGeneration(f"package {package_id} belongs to case {head.case_id!r}, "
-                                  f"not {case_id!r}")
+            raise HistoryConflict(f"package {package_id} belongs to case "
+                                  f"{head.case_id!r}, not {case_id!r}",
+                                  reason="package_mismatch",
+                                  hint="Pass the package id of this case ('viano show CASE "
+                                       "--json' gives it), or a new one for a new case.")
         return head
 
     def _expect(self, req: PublishRequest | StatusRequest) -> Manifest | None:
@@ -204,15 +208,17 @@ class _Planner:
         if not theirs:
             raise ImportRejected(f"the export of case {req.case_id!r} has no generations")
         if have > len(theirs):
-            raise StaleGeneration(f"the store already has {have} generations of case "
+            raise HistoryConflict(f"the store already has {have} generations of case "
                                   f"{req.case_id!r}, the export only {len(theirs)}; "
-                                  "nothing imported")
+                                  "nothing imported", reason="older_history",
+                                  hint="This store is ahead: nothing to import. To move the "
+                                       "newer history the other way, export it from here.")
         ours = self.histories.get(req.package_id, ())
         if len(ours) != have:
             raise StorageError(f"the history of case {req.case_id!r} was not loaded")
         for gen in range(1, have + 1):
             if ours[gen - 1] != theirs[gen - 1].sha256:
-                raise StaleGeneration(f"case {req.case_id!r} has a different history in this "
+                raise HistoryConflict(f"case {req.case_id!r} has a different history in this "
                                       f"store from generation {gen} on; nothing imported")
         parent = self.parents.get(req.package_id) if have else None
         staged = _Staged(keep_status=False)

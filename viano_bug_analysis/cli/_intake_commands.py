@@ -42,6 +42,7 @@ from engine import (
     StoreConfig,
     UsageError,
     VianoError,
+    check_regular,
     prepare_intake,
 )
 from engine._text import terminal_safe
@@ -180,7 +181,9 @@ def _items(path: Path, limits: IntakeLimits) -> tuple[int, Iterator[_Item], list
                 elif why != "hidden":
                     skipped.append({"entry": terminal_safe(str(p)), "why": why})
             return len(files), (_Item(terminal_safe(str(p)), p) for p in files), skipped
-        if not path.is_file():
+        if path.exists():
+            check_regular(path)  # a FIFO or a device is refused by name, never read
+        else:
             raise UsageError(f"--batch {terminal_safe(str(path))}: no such folder or file",
                              hint="Give a folder of report files or a JSON Lines file.")
         if not path.name.lower().endswith(JSON_LINES):

@@ -19,8 +19,12 @@ successor rule (nothing removed, nothing write-once replaced) before anything is
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import socket
+import stat
+import time
 import uuid
 import zipfile
 from pathlib import Path
@@ -52,7 +56,10 @@ from ._store import (
 )
 from ._store._blobs import fsync_dir
 from ._store._common import parse_stored_manifest
+from ._store._crash import crash_point
 from ._store._manifest import MAX_REVISION
+
+log = logging.getLogger("viano.export")
 
 EXPORT_FORMAT = "viano-export/1"
 INDEX = "viano-export.json"
@@ -127,7 +134,8 @@ def export_package(store: Store, case_id: str, dest: Path, *, force: bool = Fals
     for m in manifests:
         for entry in m.files.values():
             blobs[entry.sha256] = entry.size
-    tmp = target.with_name(f".viano-export-{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    _remove_abandoned(target.parent)
+    tmp = target.with_name(f"{TMP_PREFIX}{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
     try:
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
             zf.writestr(INDEX, artifact_json(index))
@@ -137,6 +145,7 @@ def export_package(store: Store, case_id: str, dest: Path, *, force: bool = Fals
                 _write_blob(store, zf, sha, size)
         with tmp.open("rb") as f:
             os.fsync(f.fileno())
+        crash_point("export.written")
         os.replace(tmp, target)
         fsync_dir(target.parent)
     except OSError as exc:
@@ -147,6 +156,61 @@ def export_package(store: Store, case_id: str, dest: Path, *, force: bool = Fals
         tmp.unlink(missing_ok=True)
         raise
     return ExportSummary(ref.case_id, ref.package_id, len(rows), len(blobs), str(target))
+
+
+TMP_PREFIX = ".viano-export-"
+# The temporary file's name says which process writes it: HOST-PID-RANDOM. The host part
+# is the host name reduced to safe characters (a folder may be shared between hosts).
+_HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:40] or "host"
+_TMP_NAME = re.compile(re.escape(TMP_PREFIX) + r"(?P<host>[A-Za-z0-9._]+)-(?P<pid>[0-9]{1,10})-"
+                       r"[0-9a-f]{8}\.tmp")
+# Another host's temporary file is abandoned only once it has not changed for this long:
+# its process cannot be asked, and an export being written changes its file continuously.
+FOREIGN_TMP_AGE_S = 24 * 3600
+
+
+def _remove_abandoned(folder: Path) -> list[Path]:
+    """Remove the temporary files that exports killed mid-write left in ``folder``: those
+    of a process of this host that no longer runs, and those of another host unchanged for
+    a day. A live export's file is never touched. Best effort: a file that cannot be
+    removed is left for the next export."""
+    removed: list[Path] = []
+    try:
+        names = [p for p in folder.iterdir() if p.name.startswith(TMP_PREFIX)]
+    except OSError:
+        return removed
+    for path in names:
+        m = _TMP_NAME.fullmatch(path.name)
+        if m is None:
+            continue
+        try:
+            st = path.lstat()
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            if m["host"] == _HOST:
+                if _alive(int(m["pid"])):
+                    continue
+            elif time.time() - st.st_mtime < FOREIGN_TMP_AGE_S:
+                continue
+            path.unlink()
+            removed.append(path)
+        except OSError:
+            continue
+    if removed:
+        log.info("removed %d temporary file(s) of killed exports in %s", len(removed), folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # gone, or a pid no process can have
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 def _write_blob(store: Store, zf: zipfile.ZipFile, sha: str, size: int) -> None:

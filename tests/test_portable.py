@@ -12,7 +12,7 @@ import trio
 
 from actors import open_store
 from engine import BytesSource, Change, PublishRequest
-from tests.conftest import Cli, snapshot
+from tests.conftest import Cli, child_env, run_viano, snapshot
 from tests.store_helpers import open_ro
 
 pytestmark = pytest.mark.usefixtures("backend")
@@ -166,6 +166,58 @@ def _rewrite(src: Path, dest: Path, edit: dict[str, bytes | None]) -> Path:
             if data is not None:
                 zout.writestr(name, data)
     return dest
+
+
+class TestAKilledExport:
+    """An export killed mid-write leaves its temporary file beside the destination, outside
+    any store (gc cannot see it). The next export into that folder removes the files of
+    exports that are dead: a process of this host that no longer runs, or another host's
+    file unchanged for a day. A live export's file, and anything not named as ours, stay."""
+
+    def test_the_next_export_removes_what_a_killed_one_left(
+            self, cli: Cli, sample: Path, tmp_path: Path) -> None:
+        store, out = tmp_path / "s", tmp_path / "out"
+        out.mkdir()
+        assert cli("intake", "--store", store, "--report", sample / "report.json").code == 0
+        r = run_viano("export", "--store", store, "BUG-20", out / "a.zip",
+                      env=child_env(VIANO_CRASH_AT="export.written"))
+        assert r.returncode == 137, r.stderr
+        left = sorted(p.name for p in out.iterdir())
+        assert len(left) == 1 and left[0].startswith(".viano-export-"), left
+        assert cli("export", "--store", store, "BUG-20", out / "b.zip").code == 0
+        assert sorted(p.name for p in out.iterdir()) == ["b.zip"]
+        assert cli("import", "--store", tmp_path / "t", out / "b.zip").code == 0
+
+    def test_only_dead_exports_files_are_removed(self, cli: Cli, sample: Path,
+                                                 tmp_path: Path) -> None:
+        import os
+        import subprocess
+        import sys
+        import time
+
+        from engine._portable import _HOST
+
+        store, out = tmp_path / "s", tmp_path / "out"
+        out.mkdir()
+        assert cli("intake", "--store", store, "--report", sample / "report.json").code == 0
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True)
+        dead = int(gone.stdout)  # a process of this host that has ended
+        day = 24 * 3600
+        files = {
+            f".viano-export-{_HOST}-{dead}-0000dead.tmp": (0, False),
+            f".viano-export-{_HOST}-{os.getpid()}-00a11ve0.tmp": (0, True),  # live: this one
+            ".viano-export-otherhost-12-0f0f0f0f.tmp": (0, True),        # foreign, fresh
+            ".viano-export-otherhost-13-0e0e0e0e.tmp": (2 * day, False),  # foreign, stale
+            ".viano-export-notes.txt": (2 * day, True),                  # not named as ours
+        }
+        for name, (age, _kept) in files.items():
+            (out / name).write_bytes(b"partial")
+            then = time.time() - age
+            os.utime(out / name, (then, then))
+        assert cli("export", "--store", store, "BUG-20", out / "b.zip").code == 0
+        kept = {n for n, (_age, k) in files.items() if k}
+        assert {p.name for p in out.iterdir()} == kept | {"b.zip"}
 
 
 class TestTamperedExports:

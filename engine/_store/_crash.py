@@ -32,6 +32,7 @@ CRASH_POINTS: tuple[str, ...] = (
     "phase.answered",      # the gateway answered; the round is not recorded yet
     "phase.recorded",      # the round record is durable; the answer not yet judged
     "phase.judged",        # the accepted artifacts (or the rejection) are durable
+    "export.written",      # an export is complete in its temporary file, not yet renamed
 )
 
 ENV_VAR = "VIANO_CRASH_AT"

@@ -77,6 +77,37 @@ def test_a_folder_of_mixed_reports(tmp_path: Path) -> None:
     assert run_viano("verify", "--store", store).returncode == 0
 
 
+@pytest.mark.usefixtures("backend")
+def test_already_present_is_the_rule_single_intake_uses(tmp_path: Path) -> None:
+    """Bulk intake calls a case "already present" only if it holds every file this intake
+    would write (IntakePlan.is_in, as single intake does), not merely the same report
+    bytes: a case taken in with the same report plus an attachment is another intake
+    (case_exists), and a case whose head does not read back proves nothing (case_exists,
+    never an internal error); the others are present."""
+    from tests.store_helpers import query, sql
+
+    folder = _folder(tmp_path, 3)
+    store = tmp_path / "s"
+    log = tmp_path / "app.log"
+    log.write_text("a log line\n")
+    r = run_viano("intake", "--store", store, "--report", folder / "r000.json",
+                  "--attach", f"diagnostics={log}")
+    assert r.returncode == 0, r.stderr
+    code, doc = _bulk(store, folder)
+    assert code == 2 and (doc["taken_in"], doc["already_present"]) == (2, 0), doc
+    assert [(x["case_id"], x["reason"]) for x in doc["refused"]] == [
+        ("BULK-000", "case_exists")], doc
+    pkg = query(store, "SELECT package_id FROM refs WHERE case_id='BULK-001'")[0][0]
+    raw = bytearray(query(store, "SELECT manifest FROM generations WHERE package_id=?",
+                          pkg)[0][0])
+    raw[10] ^= 0x04
+    sql(store, "UPDATE generations SET manifest=? WHERE package_id=?", bytes(raw), pkg)
+    code, again = _bulk(store, folder)
+    assert code == 2 and (again["taken_in"], again["already_present"]) == (0, 1), again
+    assert sorted((x["case_id"], x["reason"]) for x in again["refused"]) == [
+        ("BULK-000", "case_exists"), ("BULK-001", "case_exists")], again
+
+
 def test_json_lines(tmp_path: Path) -> None:
     lines = [json.dumps(_report(i), ensure_ascii=False).encode() for i in range(4)]
     gh = json.dumps(json.loads((REPORTS / "github_rest_combined.json").read_text())).encode()

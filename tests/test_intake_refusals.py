@@ -205,6 +205,25 @@ class TestReportRefusals:
         text = cli("intake", "--store", store_dir, "--report", sample / "report.json")
         assert text.code == 0 and "already present" in text.out, text.out
 
+    def test_a_case_whose_head_is_damaged_is_not_already_present(
+            self, cli: Cli, sample: Path, store_dir: Path,
+            existing_store: dict[str, bytes]) -> None:
+        """The case exists but its head manifest does not read back (a flipped bit): that
+        proves nothing about what it holds, so the intake again is case_exists (exit 2),
+        never "already present" and never an internal error; nothing is written."""
+        from tests.store_helpers import query, sql
+
+        pkg = query(store_dir, "SELECT package_id FROM refs WHERE case_id='BUG-20'")[0][0]
+        raw = bytearray(query(store_dir, "SELECT manifest FROM generations WHERE "
+                                         "package_id=?", pkg)[0][0])
+        raw[10] ^= 0x04
+        sql(store_dir, "UPDATE generations SET manifest=? WHERE package_id=?", bytes(raw), pkg)
+        before = snapshot(store_dir)
+        r = cli("intake", "--json", "--store", store_dir, "--report", sample / "report.json")
+        assert r.code == 2, r.out
+        assert r.json["error"]["reason"] == "case_exists", r.out  # type: ignore[index]
+        assert snapshot(store_dir) == before
+
     def test_a_case_whose_inputs_differ_is_not_already_present(
             self, cli: Cli, sample: Path, tmp_path: Path) -> None:
         """A case whose case/intake.json names these inputs but whose stored input bytes

@@ -22,7 +22,7 @@ from .._canonical import artifact_json, sha256_hex
 from .._config import IntakeLimits
 from .._errors import ArchiveRejected, ChangeRejected, InputRejected, UsageError
 from .._ids import validate_case_id
-from .._store import BytesSource, Change, FileSource, validate_logical_path
+from .._store import BytesSource, Change, FileSource, Manifest, validate_logical_path
 from .._store._sources import BlobSource, hash_stream
 from ._archives import archive_kind, named_kind, scan_open_archive
 from ._catalogue import CatalogueBuilder, media_type
@@ -64,7 +64,15 @@ class IntakePlan:
     change: Change
     catalogue: dict[str, Any]
     title: str
-    report_sha256: str = ""
+
+    def is_in(self, manifest: Manifest) -> bool:
+        """Whether this very intake is already in the case whose head is ``manifest``:
+        every file it would write is there with the same bytes (inputs and case/ documents
+        are write-once, so a later head still holds them as written). The one rule single
+        and bulk intake use for "already present"."""
+        held = manifest.files
+        return all(path in held and held[path].sha256 == source.sha256
+                   for path, source in self.change.files.items())
 
 
 def prepare_intake(report_path: Path, attachments: Sequence[Attachment], *,
@@ -138,8 +146,7 @@ def prepare_intake(report_path: Path, attachments: Sequence[Attachment], *,
     change = Change(files=files, pointers={"catalogue": "case/catalogue.json",
                                            "intake": "case/intake.json"},
                     phase=INTAKE_PHASE, analysis_revision=1)
-    return IntakePlan(case_id=chosen, change=change, catalogue=catalogue, title=report.title,
-                      report_sha256=files[stored_name].sha256)
+    return IntakePlan(case_id=chosen, change=change, catalogue=catalogue, title=report.title)
 
 
 def _choose_case_id(flag: str | None, report: Report, raw: bytes) -> tuple[str, str]:

@@ -4,8 +4,8 @@ Bulk intake (``--batch DIR`` or ``--batch FILE.jsonl``) reads each report, check
 single intake would, and publishes up to :data:`IN_FLIGHT` of them at once through the
 publisher, whose group commit puts many in one transaction. Each report is its own
 publication: a refused one writes nothing and does not stop the others. A case that
-already exists with the same report bytes is "already present"; with other bytes it is
-refused (``case_exists``). Run again after an interruption, it takes in what is missing
+already holds every file this intake would write is "already present"; one with other
+inputs is refused (``case_exists``). Run again after an interruption, it takes in what is missing
 and nothing twice: each case's creation is a compare-and-swap on "no generation yet".
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import json
 import logging
 import os
 import stat
@@ -35,7 +34,6 @@ from engine import (
     InputRejected,
     IntakeLimits,
     IntakePlan,
-    NotFound,
     Published,
     RejectedInput,
     StorageError,
@@ -95,11 +93,7 @@ async def _publish_intake(location: str, plan: IntakePlan, settings: StoreConfig
                 ref, snap = await store.head(plan.case_id)
             except StorageError:
                 raise exists from None  # the case exists; a damaged head proves nothing
-            # Every file this intake would write is the case's (its inputs and case/
-            # documents are write-once, so the head still holds them as written).
-            held = snap.manifest.files
-            if any(held.get(path) is None or held[path].sha256 != source.sha256
-                   for path, source in plan.change.files.items()):
+            if not plan.is_in(snap.manifest):
                 raise
             return Published(ref.package_id, ref.case_id, ref.generation, snap.manifest,
                              ref.status), True
@@ -376,16 +370,16 @@ async def _publish_one(store: StoreHandle, item: _Item, plan: IntakePlan,
 
 
 async def _existing(store: StoreHandle, item: _Item, plan: IntakePlan, done: Done) -> None:
-    """The case exists: the same report bytes are already present; others are refused."""
-    _ref, snap = await store.head(plan.case_id)
+    """The case exists: this very intake is already present (the rule single intake uses:
+    :meth:`IntakePlan.is_in`); a case with other inputs, or one whose head cannot be read,
+    is refused (``case_exists``)."""
     try:
-        intake = json.loads(await snap.read("case/intake.json"))
-        theirs = next(i.get("sha256") for i in intake["inputs"] if i.get("role") == "report")
-    except (ValueError, KeyError, TypeError, StopIteration, NotFound):
-        theirs = None
-    if theirs == plan.report_sha256:
+        _ref, snap = await store.head(plan.case_id)
+    except StorageError:
+        snap = None  # the case exists; a damaged head proves nothing
+    if snap is not None and plan.is_in(snap.manifest):
         done("present", {"report": item.label, "case_id": plan.case_id,
                          "package_id": snap.manifest.package_id})
     else:
         done("refused", _refusal(item, CaseExists(
-            f"case {plan.case_id!r} already exists with a different report"), plan.case_id))
+            f"case {plan.case_id!r} already exists with other inputs"), plan.case_id))

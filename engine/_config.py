@@ -23,6 +23,10 @@ from ._strict import STRICT, structure_errors
 
 DEFAULT_CONFIG_PATH = Path("config/analysis.local.toml")
 MAX_CONFIG_BYTES = 1 << 20
+# The largest file a phase reads whole (a report, a context, a round record): ten times
+# what the default limits let any of them reach. Larger is refused unread, so a crafted
+# store or export cannot make a phase check hold a huge document in memory.
+MAX_DOCUMENT_BYTES = 128 * 1024 * 1024
 ProviderKind = Literal["openai", "anthropic", "fixture"]
 
 
@@ -126,6 +130,9 @@ class IntakeLimits:
     max_report_bytes: int = attrs.field(default=16_777_216, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
+        if self.max_report_bytes > MAX_DOCUMENT_BYTES:
+            raise ValueError(f"max_report_bytes ({self.max_report_bytes}) exceeds "
+                             f"{MAX_DOCUMENT_BYTES}, the most a phase reads whole")
         if self.max_member_bytes > self.max_total_bytes:
             raise ValueError(f"max_member_bytes ({self.max_member_bytes}) exceeds "
                              f"max_total_bytes ({self.max_total_bytes})")

@@ -150,3 +150,16 @@ class TestApiKeyEnv:
         c = _load(tmp_path, '[[providers]]\nname = "a"\nkind = "openai"\nbase_url = "http://x"'
                             '\nmodel = "m"\napi_key_env = "OPENAI_API_KEY_2"\n')
         assert c.providers[0].api_key_env == "OPENAI_API_KEY_2"
+
+
+def test_a_report_limit_beyond_what_a_phase_reads_whole_is_refused(tmp_path: Path) -> None:
+    """Phases read a report whole and refuse any document over MAX_DOCUMENT_BYTES unread, so
+    intake may not take in a report they could never read."""
+    from engine._config import MAX_DOCUMENT_BYTES
+
+    path = tmp_path / "c.toml"
+    path.write_text(f"[intake.limits]\nmax_report_bytes = {MAX_DOCUMENT_BYTES + 1}\n")
+    with pytest.raises(ConfigError, match="max_report_bytes"):
+        Config.load(path)
+    path.write_text(f"[intake.limits]\nmax_report_bytes = {MAX_DOCUMENT_BYTES}\n")
+    assert Config.load(path).intake.limits.max_report_bytes == MAX_DOCUMENT_BYTES

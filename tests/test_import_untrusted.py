@@ -243,7 +243,8 @@ class TestPhaseHistories:
     every hash recomputed, a confirmation nobody gave) is refused before anything is
     written: it imported with exit 0 and verify then failed for good."""
 
-    def _analysed(self, cli: Cli, sample: Path, tmp: Path) -> Path:
+    @staticmethod
+    def _analysed(cli: Cli, sample: Path, tmp: Path) -> Path:
         cfg = tmp / "c.toml"
         cfg.write_text(f'[[providers]]\nname = "fx"\nkind = "fixture"\n'
                        f'path = "{sample / "fixtures"}"\n'
@@ -493,3 +494,72 @@ class TestArchiveRefusalsOnImport:
         error = r.json["error"]  # type: ignore[index]
         assert error["reason"] == "limit_exceeded" and "max_total_bytes" in error["hint"], error
         assert not target.exists()
+
+
+HUGE_DOCUMENT = 400 * 1024 * 1024  # more than the child's whole address space allows twice
+
+
+def _limit_address_space() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (512 * 1024 * 1024, 512 * 1024 * 1024))
+
+
+@pytest.mark.slow
+class TestAHugeDocument:
+    """A crafted export whose pinned policy.json is a 400 MB blob, every hash recomputed:
+    the phase checks read documents whole, and read this one whole (peak 860 MB) before
+    refusing it. A document larger than MAX_DOCUMENT_BYTES is refused unread: the import,
+    in a child limited to 512 MiB of address space, is invalid_export, not a MemoryError,
+    and writes nothing."""
+
+    def test_a_huge_document_is_refused_unread(self, cli: Cli, sample: Path,
+                                               tmp_path: Path) -> None:
+        import subprocess
+
+        from engine._config import MAX_DOCUMENT_BYTES
+        from tests.conftest import PYTHON, child_env
+
+        assert HUGE_DOCUMENT > MAX_DOCUMENT_BYTES
+        good = TestPhaseHistories._analysed(cli, sample, tmp_path)
+        digest = hashlib.sha256()
+        chunk = b" " * (1 << 20)
+        for _ in range(HUGE_DOCUMENT // len(chunk)):
+            digest.update(chunk)
+        sha = digest.hexdigest()
+
+        def swap(docs: list[Doc]) -> list[bytes]:
+            out = []
+            for d in docs:
+                files = {p: ({"sha256": sha, "size": HUGE_DOCUMENT}
+                             if p.endswith("/policy.json") else e)
+                         for p, e in d["files"].items()}
+                out.append(_encode({**d, "files": files}))
+            return out
+
+        crafted = _craft(good, tmp_path / "crafted.zip", manifests=swap)
+        with zipfile.ZipFile(crafted) as zin:
+            members = {n: zin.read(n) for n in zin.namelist()}
+        docs = [json.loads(members[n]) for n in sorted(members) if n.startswith("manifests/")]
+        swapped = {e["sha256"] for d in docs for e in d["files"].values()}
+        assert sha in swapped, "no policy.json to swap"
+        huge = tmp_path / "huge.zip"
+        with zipfile.ZipFile(huge, "w") as zout:
+            for name, data in members.items():
+                if name.startswith("blobs/") and name[6:] not in swapped:
+                    continue  # the old policy's blob: no manifest names it now
+                zout.writestr(name, data)
+            with zout.open(zipfile.ZipInfo(f"blobs/{sha}"), "w") as out:
+                for _ in range(HUGE_DOCUMENT // len(chunk)):
+                    out.write(chunk)
+        (tmp_path / "crafted.zip").unlink()
+        dest = tmp_path / "dest"
+        proc = subprocess.run([PYTHON, "-c", "from viano_bug_analysis.cli import run; run()",
+                               "import", "--json", "--store", str(dest), str(huge)],
+                              capture_output=True, text=True, env=child_env(), timeout=300,
+                              preexec_fn=_limit_address_space, check=False)
+        assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr[-2000:])
+        doc = json.loads(proc.stdout)
+        assert doc["error"]["reason"] == "invalid_export", doc
+        assert "reads whole" in doc["error"]["message"], doc
+        assert not (dest / "store.sqlite3").exists()

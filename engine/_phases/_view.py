@@ -15,6 +15,7 @@ from typing import IO, Any
 
 import attrs
 
+from .._config import MAX_DOCUMENT_BYTES
 from .._errors import VianoError
 from .._json import UntrustedJson, loads_untrusted
 from .._store import BytesSource, Change, Manifest
@@ -99,6 +100,9 @@ class PackageView:
         cached = DOCUMENTS.get(entry.sha256)
         if cached is not None:
             return cached[0]
+        if entry.size > MAX_DOCUMENT_BYTES:
+            raise HistoryProblem(f"{path} is {entry.size} bytes, more than the "
+                                 f"{MAX_DOCUMENT_BYTES} a phase reads whole")
         try:
             data = self.reader(entry.sha256)
         except VianoError as exc:

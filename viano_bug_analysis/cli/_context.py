@@ -4,13 +4,37 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
-from engine import Config, Store, display_location, open_backend
+import trio
+
+from engine import CaseLocked, Config, Store, display_location, open_backend
 
 DEFAULT_STORE = "viano-store"
+# Another process holding a case that is being created (an intake or an import of it under
+# way) takes a moment: wait up to ~5 s for it before answering ``locked``.
+LOCKED_TRIES = 50
+LOCKED_WAIT_S = 0.1
+
+T = TypeVar("T")
+
+
+async def waiting_for_the_case(call: Callable[[], Awaitable[T]],
+                               on_wait: Callable[[str], None] | None = None) -> T:
+    """``call()``, tried again while another process holds the case (``CaseLocked``), up to
+    :data:`LOCKED_TRIES` times; the last ``CaseLocked`` is raised. ``on_wait`` is told once,
+    when the waiting starts."""
+    for attempt in range(LOCKED_TRIES - 1):
+        try:
+            return await call()
+        except CaseLocked as exc:
+            if attempt == 0 and on_wait is not None:
+                on_wait(f"waiting for another process to finish with the case ({exc.message})")
+            await trio.sleep(LOCKED_WAIT_S)
+    return await call()
 
 
 def store_location(args: argparse.Namespace, config: Config) -> str:

@@ -46,13 +46,11 @@ from engine import (
 from engine._text import terminal_safe
 
 from ._batch_commands import _stoppable
-from ._context import store_location
+from ._context import store_location, waiting_for_the_case
 from ._output import Output
 
 log = logging.getLogger("viano.intake")
 IN_FLIGHT = 64  # publications waiting on the publisher at once (its batch fills from these)
-LOCKED_TRIES = 50  # another process holds a case being taken in: wait up to ~5 s
-LOCKED_WAIT_S = 0.1
 
 
 def cmd_intake(args: argparse.Namespace, out: Output, config: Config) -> int:
@@ -75,19 +73,20 @@ def cmd_intake(args: argparse.Namespace, out: Output, config: Config) -> int:
                               limits=config.intake.limits, progress=advance,
                               report_format=args.format)
     published, present = trio.run(_publish_intake, store_location(args, config), plan,
-                                  config.store)
+                                  config.store, out.note)
     _print_intake(out, plan, published, present)
     return 0
 
 
-async def _publish_intake(location: str, plan: IntakePlan, settings: StoreConfig
+async def _publish_intake(location: str, plan: IntakePlan, settings: StoreConfig,
+                          on_wait: Callable[[str], None] | None = None
                           ) -> tuple[Published, bool]:
     """The intake published, or (True) the case as it is if this very intake is already
     there (every file it would write is the case's), so running the command again after
     it was interrupted, even after its commit, is not an error."""
     async with open_store(location, settings=settings) as store:
         try:
-            return await store.intake(plan), False
+            return await waiting_for_the_case(lambda: store.intake(plan), on_wait), False
         except CaseExists as exists:
             try:
                 ref, snap = await store.head(plan.case_id)
@@ -347,24 +346,19 @@ def _refusal(item: _Item, exc: VianoError, case_id: str | None = None) -> dict[s
 async def _publish_one(store: StoreHandle, item: _Item, plan: IntakePlan,
                        slots: trio.Semaphore, done: Done) -> None:
     try:
-        for _ in range(LOCKED_TRIES):
-            try:
-                published = await store.intake(plan)
-            except CaseLocked:
-                await trio.sleep(LOCKED_WAIT_S)  # another intake of this case is under way
-                continue
-            except CaseExists:
-                await _existing(store, item, plan, done)
-                return
-            except RejectedInput as exc:
-                done("refused", _refusal(item, exc, plan.case_id))
-                return
+        try:
+            published = await waiting_for_the_case(lambda: store.intake(plan))
+        except CaseLocked:
+            done("refused", _refusal(item, RejectedInput(
+                f"case {plan.case_id!r} stayed locked by another process", reason="locked"),
+                plan.case_id))
+        except CaseExists:
+            await _existing(store, item, plan, done)
+        except RejectedInput as exc:
+            done("refused", _refusal(item, exc, plan.case_id))
+        else:
             done("taken", {"report": item.label, "case_id": published.case_id,
                            "package_id": published.package_id})
-            return
-        done("refused", _refusal(item, RejectedInput(
-            f"case {plan.case_id!r} stayed locked by another process", reason="locked"),
-            plan.case_id))
     finally:
         slots.release()
 

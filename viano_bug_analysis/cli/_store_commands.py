@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import base64
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,14 @@ from engine import (
     whole_history,
 )
 
-from ._context import reading, store_location, store_path, store_shown, writing
+from ._context import (
+    reading,
+    store_location,
+    store_path,
+    store_shown,
+    waiting_for_the_case,
+    writing,
+)
 from ._output import Output
 
 
@@ -312,7 +319,8 @@ def cmd_export(args: argparse.Namespace, out: Output, config: Config) -> int:
 
 def cmd_import(args: argparse.Namespace, out: Output, config: Config) -> int:
     request = read_export(Path(args.file), config.intake.limits)
-    published = trio.run(_import, store_location(args, config), request, config.store)
+    published = trio.run(_import, store_location(args, config), request, config.store,
+                         out.note)
     doc = {"case_id": published.case_id, "package_id": published.package_id,
            "package_generation": published.generation}
     if out.as_json:
@@ -323,10 +331,12 @@ def cmd_import(args: argparse.Namespace, out: Output, config: Config) -> int:
     return 0
 
 
-async def _import(location: str, request: ImportRequest, settings: StoreConfig
-                  ) -> Published:
+async def _import(location: str, request: ImportRequest, settings: StoreConfig,
+                  on_wait: Callable[[str], None]) -> Published:
     async with open_store(location, settings=settings) as store:
-        return await store.import_package(request)
+        # The same export imported twice at once: the second waits, then finds the history
+        # in place (an identical import is a no-op), instead of exiting locked.
+        return await waiting_for_the_case(lambda: store.import_package(request), on_wait)
 
 
 def cmd_gc(args: argparse.Namespace, out: Output, config: Config) -> int:

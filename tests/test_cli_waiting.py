@@ -1,0 +1,107 @@
+"""A command that creates a case (intake, import) waits briefly for another process that
+holds the case, instead of answering ``locked`` at once: the same export imported twice at
+once, or the same intake, both succeed."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import trio
+
+from engine import CaseLocked
+from tests.conftest import PYTHON, Cli, child_env
+from tests.test_store_integrity import _wait_for
+from viano_bug_analysis.cli._context import LOCKED_TRIES, LOCKED_WAIT_S, waiting_for_the_case
+
+
+class TestWaitingForTheCase:
+    async def test_a_lock_given_back_meanwhile_is_waited_for(self, autojump_clock: object
+                                                             ) -> None:
+        calls, told = [], []
+
+        async def call() -> str:
+            calls.append(trio.current_time())
+            if len(calls) <= 3:
+                raise CaseLocked("held by pid 1")
+            return "done"
+
+        assert await waiting_for_the_case(call, told.append) == "done"
+        assert len(calls) == 4 and len(told) == 1 and "held by pid 1" in told[0]
+        assert calls[-1] - calls[0] == pytest.approx(3 * LOCKED_WAIT_S)
+
+    async def test_a_lock_kept_is_locked_after_the_wait(self, autojump_clock: object) -> None:
+        calls = []
+
+        async def call() -> None:
+            calls.append(trio.current_time())
+            raise CaseLocked("held")
+
+        with pytest.raises(CaseLocked):
+            await waiting_for_the_case(call)
+        assert len(calls) == LOCKED_TRIES
+        assert calls[-1] - calls[0] == pytest.approx((LOCKED_TRIES - 1) * LOCKED_WAIT_S)
+
+    async def test_another_refusal_is_not_retried(self, autojump_clock: object) -> None:
+        calls = []
+
+        async def call() -> None:
+            calls.append(1)
+            raise ValueError("not a lock")
+
+        with pytest.raises(ValueError):
+            await waiting_for_the_case(call)
+        assert calls == [1]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("backend")
+@pytest.mark.parametrize("command", ["import", "intake"])
+def test_the_same_command_twice_at_once_both_succeed(cli: Cli, sample: Path, tmp_path: Path,
+                                                     command: str) -> None:
+    """The first process is paused inside its commit, holding the case; the second, started
+    then, says it is waiting (so it did meet the lock), and once the first goes on, finds
+    the case in place: both exit 0 with the same generation (it exited 11, locked)."""
+    target = tmp_path / "target"
+    if command == "import":
+        exported = tmp_path / "e.zip"
+        assert cli("intake", "--store", tmp_path / "a", "--report", sample / "report.json"
+                   ).code == 0
+        assert cli("export", "--store", tmp_path / "a", "BUG-20", exported).code == 0
+        args = ["import", "--json", "--store", str(target), str(exported)]
+    else:
+        args = ["intake", "--json", "--store", str(target), "--report",
+                str(sample / "report.json")]
+    # The target store exists first, so that the second process opens it as it is.
+    assert cli("intake", "--store", target, "--report", sample / "report.json",
+               "--case-id", "OTHER-1").code == 0
+    marker = tmp_path / "paused"
+    viano = [PYTHON, "-c", "from viano_bug_analysis.cli import run; run()", *args]
+    first = subprocess.Popen(viano, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=child_env(VIANO_PAUSE_AT="txn.before_commit",
+                                           VIANO_PAUSE_FILE=str(marker)))
+    second = None
+    try:
+        _wait_for(marker, first)
+        second = subprocess.Popen(viano, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=child_env())
+        assert second.stderr is not None
+        said = second.stderr.readline()  # returns at the note, or at its exit
+        assert "waiting for another process" in said, said
+        marker.unlink()
+        out1, err1 = first.communicate(timeout=60)
+        out2, err2 = second.communicate(timeout=60)
+    finally:
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert first.returncode == 0, err1
+    assert second.returncode == 0, err2
+    import json
+
+    one, two = json.loads(out1), json.loads(out2)
+    assert one["package_generation"] == two["package_generation"] == 1, (one, two)
+    assert one["package_id"] == two["package_id"]
+    assert cli("verify", "--store", target).code == 0

@@ -222,6 +222,36 @@ def test_a_package_of_another_case_is_a_history_conflict_not_a_retry(tmp_path: P
         store.close()
 
 
+def test_a_shorter_export_that_diverges_is_diverged_not_older(tmp_path: Path) -> None:
+    """The store holds generations 1-3; an export of 2 generations whose second differs is
+    a divergence (history_diverged), not an older copy (older_history, whose hint says the
+    store already has it): the shared generations are compared before the lengths."""
+    a, b, c = (BytesSource.of(x) for x in (b"a", b"b", b"c"))
+    change1 = Change(files={"inputs/a.txt": a}, phase="INTAKE")
+    g1 = build_manifest(None, "pkg-short", "SHORT-1", change1, "2026-12-01T00:00:00Z")
+    g2 = build_manifest(g1, "pkg-short", "SHORT-1", Change(files={"work/b.txt": b}),
+                        "2026-12-01T00:00:01Z")
+    g3 = build_manifest(g2, "pkg-short", "SHORT-1", Change(files={"work/c.txt": c}),
+                        "2026-12-01T00:00:02Z")
+    other2 = build_manifest(g1, "pkg-short", "SHORT-1", Change(files={"work/c.txt": c}),
+                            "2026-12-01T00:00:01Z")
+    blobs = {s.sha256: s for s in (a, b, c)}
+    store = open_rw(tmp_path / "s")
+    try:
+        [first] = store.commit_batch([ImportRequest("pkg-short", "SHORT-1", (g1, g2, g3),
+                                                    blobs)])
+        assert isinstance(first, Published), first
+        diverged, older = store.commit_batch([
+            ImportRequest("pkg-short", "SHORT-1", (g1, other2), blobs),
+            ImportRequest("pkg-short", "SHORT-1", (g1, g2), blobs)])
+        assert isinstance(diverged, HistoryConflict), diverged
+        assert diverged.reason == "history_diverged", diverged
+        assert isinstance(older, HistoryConflict) and older.reason == "older_history", older
+        assert store.case("SHORT-1").generation == 3
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize(("first", "second", "second_is"), [
     (1, 1, "same"), (1, 2, "ahead"), (2, 1, "stale"), (2, 2, "same"), (0, 2, "diverged")])
 def test_requests_of_one_batch_build_on_the_histories_before_them(

@@ -166,8 +166,9 @@ class _Planner:
             raise HistoryConflict(f"package {package_id} belongs to case "
                                   f"{head.case_id!r}, not {case_id!r}",
                                   reason="package_mismatch",
-                                  hint="Pass the package id of this case ('viano show CASE "
-                                       "--json' gives it), or a new one for a new case.")
+                                  hint="The package id names another case: check which "
+                                       "case this request or export is for ('viano show "
+                                       "CASE --json' gives a case's package id).")
         return head
 
     def _expect(self, req: PublishRequest | StatusRequest) -> Manifest | None:
@@ -207,19 +208,22 @@ class _Planner:
         theirs = req.manifests
         if not theirs:
             raise ImportRejected(f"the export of case {req.case_id!r} has no generations")
-        if have > len(theirs):
-            raise HistoryConflict(f"the store already has {have} generations of case "
-                                  f"{req.case_id!r}, the export only {len(theirs)}; "
-                                  "nothing imported", reason="older_history",
-                                  hint="This store is ahead: nothing to import. To move the "
-                                       "newer history the other way, export it from here.")
         ours = self.histories.get(req.package_id, ())
         if len(ours) != have:
             raise StorageError(f"the history of case {req.case_id!r} was not loaded")
-        for gen in range(1, have + 1):
+        # The shared generations first: a shorter export that differs is a divergence, not
+        # an older copy of this history (which the older_history hint would say it is).
+        for gen in range(1, min(have, len(theirs)) + 1):
             if ours[gen - 1] != theirs[gen - 1].sha256:
                 raise HistoryConflict(f"case {req.case_id!r} has a different history in this "
                                       f"store from generation {gen} on; nothing imported")
+        if have > len(theirs):
+            raise HistoryConflict(f"the store already has {have} generations of case "
+                                  f"{req.case_id!r}, the export only {len(theirs)}, the "
+                                  "same as this store's first ones; nothing imported",
+                                  reason="older_history",
+                                  hint="This store is ahead: nothing to import. To move the "
+                                       "newer history the other way, export it from here.")
         parent = self.parents.get(req.package_id) if have else None
         staged = _Staged(keep_status=False)
         for given in theirs[have:]:

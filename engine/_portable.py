@@ -19,10 +19,10 @@ successor rule (nothing removed, nothing write-once replaced) before anything is
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
-import socket
 import stat
 import time
 import uuid
@@ -135,18 +135,23 @@ def export_package(store: Store, case_id: str, dest: Path, *, force: bool = Fals
         for entry in m.files.values():
             blobs[entry.sha256] = entry.size
     _remove_abandoned(target.parent)
-    tmp = target.with_name(f"{TMP_PREFIX}{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    tmp = target.with_name(f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
     try:
-        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-            zf.writestr(INDEX, artifact_json(index))
-            for m in manifests:
-                zf.writestr(f"manifests/{m.package_generation:06d}.json", m.raw)
-            for sha, size in sorted(blobs.items()):
-                _write_blob(store, zf, sha, size)
-        with tmp.open("rb") as f:
-            os.fsync(f.fileno())
-        crash_point("export.written")
-        os.replace(tmp, target)
+        with open(tmp, "xb") as raw:
+            # Held until the rename: another export removes only a temporary file whose
+            # lock it can take (no writer) and that has not changed for a while.
+            fcntl.flock(raw.fileno(), fcntl.LOCK_EX)
+            with zipfile.ZipFile(raw, "w", compression=zipfile.ZIP_STORED,
+                                 allowZip64=True) as zf:
+                zf.writestr(INDEX, artifact_json(index))
+                for m in manifests:
+                    zf.writestr(f"manifests/{m.package_generation:06d}.json", m.raw)
+                for sha, size in sorted(blobs.items()):
+                    _write_blob(store, zf, sha, size)
+            raw.flush()
+            os.fsync(raw.fileno())
+            crash_point("export.written")
+            os.replace(tmp, target)
         fsync_dir(target.parent)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
@@ -159,58 +164,47 @@ def export_package(store: Store, case_id: str, dest: Path, *, force: bool = Fals
 
 
 TMP_PREFIX = ".viano-export-"
-# The temporary file's name says which process writes it: HOST-PID-RANDOM. The host part
-# is the host name reduced to safe characters (a folder may be shared between hosts).
-_HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:40] or "host"
-_TMP_NAME = re.compile(re.escape(TMP_PREFIX) + r"(?P<host>[A-Za-z0-9._]+)-(?P<pid>[0-9]{1,10})-"
-                       r"[0-9a-f]{8}\.tmp")
-# Another host's temporary file is abandoned only once it has not changed for this long:
-# its process cannot be asked, and an export being written changes its file continuously.
-FOREIGN_TMP_AGE_S = 24 * 3600
+_TMP_NAME = re.compile(re.escape(TMP_PREFIX) + r"[0-9]{1,10}-[0-9a-f]{8}\.tmp")
+# An export holds an exclusive flock on its temporary file until it renames it, and writes
+# it continuously. One that is unlocked and unchanged for this long has no writer.
+ABANDONED_AFTER_S = 60.0
 
 
 def _remove_abandoned(folder: Path) -> list[Path]:
-    """Remove the temporary files that exports killed mid-write left in ``folder``: those
-    of a process of this host that no longer runs, and those of another host unchanged for
-    a day. A live export's file is never touched. Best effort: a file that cannot be
-    removed is left for the next export."""
+    """Remove the temporary files that exports killed mid-write left in ``folder``: named
+    as an export names them, regular, unchanged for ``ABANDONED_AFTER_S``, and with no
+    writer (their flock can be taken: a writer holds it from before its first byte until
+    its rename, in whatever process, PID namespace or host shares the folder). Best effort:
+    a file that cannot be checked or removed is left for the next export."""
     removed: list[Path] = []
     try:
-        names = [p for p in folder.iterdir() if p.name.startswith(TMP_PREFIX)]
+        names = [p for p in folder.iterdir() if _TMP_NAME.fullmatch(p.name)]
     except OSError:
         return removed
     for path in names:
-        m = _TMP_NAME.fullmatch(path.name)
-        if m is None:
-            continue
         try:
-            st = path.lstat()
-            if not stat.S_ISREG(st.st_mode):
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue  # gone meanwhile, a symbolic link, or not ours to read
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or time.time() - st.st_mtime < ABANDONED_AFTER_S:
                 continue
-            if m["host"] == _HOST:
-                if _alive(int(m["pid"])):
-                    continue
-            elif time.time() - st.st_mtime < FOREIGN_TMP_AGE_S:
-                continue
-            path.unlink()
-            removed.append(path)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # a writer holds it
+            # Still the file that was checked (not replaced since by a new export's).
+            if os.stat(path, follow_symlinks=False).st_ino == st.st_ino:
+                path.unlink()
+                removed.append(path)
         except OSError:
             continue
+        finally:
+            os.close(fd)
     if removed:
         log.info("removed %d temporary file(s) of killed exports in %s", len(removed), folder)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):  # gone, or a pid no process can have
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
 
 
 def _write_blob(store: Store, zf: zipfile.ZipFile, sha: str, size: int) -> None:

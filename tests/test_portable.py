@@ -170,54 +170,73 @@ def _rewrite(src: Path, dest: Path, edit: dict[str, bytes | None]) -> Path:
 
 class TestAKilledExport:
     """An export killed mid-write leaves its temporary file beside the destination, outside
-    any store (gc cannot see it). The next export into that folder removes the files of
-    exports that are dead: a process of this host that no longer runs, or another host's
-    file unchanged for a day. A live export's file, and anything not named as ours, stay."""
+    any store (gc cannot see it). The next export into that folder removes such a file once
+    it has no writer (an export holds an flock on it until its rename: whatever process,
+    PID namespace or host holds it) and has not changed for ABANDONED_AFTER_S. A live
+    export's file, a fresh one, a link and anything not named as ours stay."""
 
     def test_the_next_export_removes_what_a_killed_one_left(
             self, cli: Cli, sample: Path, tmp_path: Path) -> None:
+        import os
+        import time
+
+        from engine._portable import ABANDONED_AFTER_S
+
         store, out = tmp_path / "s", tmp_path / "out"
         out.mkdir()
         assert cli("intake", "--store", store, "--report", sample / "report.json").code == 0
         r = run_viano("export", "--store", store, "BUG-20", out / "a.zip",
                       env=child_env(VIANO_CRASH_AT="export.written"))
         assert r.returncode == 137, r.stderr
-        left = sorted(p.name for p in out.iterdir())
-        assert len(left) == 1 and left[0].startswith(".viano-export-"), left
+        [left] = list(out.iterdir())
+        assert left.name.startswith(".viano-export-"), left
+        # Just killed: it could still be a writer's (the mtime says it changed just now).
         assert cli("export", "--store", store, "BUG-20", out / "b.zip").code == 0
-        assert sorted(p.name for p in out.iterdir()) == ["b.zip"]
-        assert cli("import", "--store", tmp_path / "t", out / "b.zip").code == 0
+        assert sorted(p.name for p in out.iterdir()) == sorted([left.name, "b.zip"])
+        then = time.time() - 2 * ABANDONED_AFTER_S
+        os.utime(left, (then, then))
+        assert cli("export", "--store", store, "BUG-20", out / "c.zip").code == 0
+        assert sorted(p.name for p in out.iterdir()) == ["b.zip", "c.zip"]
+        assert cli("import", "--store", tmp_path / "t", out / "c.zip").code == 0
 
-    def test_only_dead_exports_files_are_removed(self, cli: Cli, sample: Path,
-                                                 tmp_path: Path) -> None:
+    def test_only_files_without_a_writer_are_removed(self, cli: Cli, sample: Path,
+                                                     tmp_path: Path) -> None:
+        import fcntl
         import os
-        import subprocess
-        import sys
         import time
 
-        from engine._portable import _HOST
+        from engine._portable import ABANDONED_AFTER_S
 
         store, out = tmp_path / "s", tmp_path / "out"
         out.mkdir()
         assert cli("intake", "--store", store, "--report", sample / "report.json").code == 0
-        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                              capture_output=True, text=True, check=True)
-        dead = int(gone.stdout)  # a process of this host that has ended
-        day = 24 * 3600
+        old = 2 * ABANDONED_AFTER_S
         files = {
-            f".viano-export-{_HOST}-{dead}-0000dead.tmp": (0, False),
-            f".viano-export-{_HOST}-{os.getpid()}-00a11ve0.tmp": (0, True),  # live: this one
-            ".viano-export-otherhost-12-0f0f0f0f.tmp": (0, True),        # foreign, fresh
-            ".viano-export-otherhost-13-0e0e0e0e.tmp": (2 * day, False),  # foreign, stale
-            ".viano-export-notes.txt": (2 * day, True),                  # not named as ours
+            ".viano-export-101-0000dead.tmp": (old, False),   # no writer, unchanged: removed
+            ".viano-export-102-00f2e5b0.tmp": (0, True),      # no writer yet, fresh: kept
+            ".viano-export-103-00a11be0.tmp": (old, True),    # a writer holds it: kept
+            ".viano-export-notes.tmp": (old, True),           # not named as ours: kept
+            "mine.txt": (old, True),                          # a user's file
         }
+        from engine._portable import _TMP_NAME
+
         for name, (age, _kept) in files.items():
+            # The names that should be ours are (else the test proves nothing about them).
+            assert bool(_TMP_NAME.fullmatch(name)) == name.startswith(".viano-export-1"), name
             (out / name).write_bytes(b"partial")
             then = time.time() - age
             os.utime(out / name, (then, then))
-        assert cli("export", "--store", store, "BUG-20", out / "b.zip").code == 0
+        link = out / ".viano-export-104-0000119c.tmp"
+        link.symlink_to(out / "mine.txt")  # named as ours, but a link: never followed
+        os.utime(link, (time.time() - old,) * 2, follow_symlinks=False)
+        # The writer: another open file description holding the flock, as an export in
+        # another process, PID namespace or host would (the pid in the name says nothing).
+        with open(out / ".viano-export-103-00a11be0.tmp", "rb") as writer:
+            fcntl.flock(writer.fileno(), fcntl.LOCK_EX)
+            assert cli("export", "--store", store, "BUG-20", out / "b.zip").code == 0
         kept = {n for n, (_age, k) in files.items() if k}
-        assert {p.name for p in out.iterdir()} == kept | {"b.zip"}
+        assert {p.name for p in out.iterdir()} == kept | {link.name, "b.zip"}
+        assert (out / "mine.txt").read_bytes() == b"partial"
 
 
 class TestTamperedExports:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import stat
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -19,6 +18,7 @@ import attrs
 import cattrs
 
 from ._errors import ConfigError
+from ._store._sources import NotRegularFile, open_regular
 from ._strict import STRICT, structure_errors
 
 DEFAULT_CONFIG_PATH = Path("config/analysis.local.toml")
@@ -225,11 +225,7 @@ class Config:
     def load(cls, path: str | os.PathLike[str]) -> Config:
         p = Path(path)
         try:
-            if not stat.S_ISREG(p.stat().st_mode):  # a FIFO would block, /dev/zero never end
-                raise ConfigError(f"{p}: not a regular file",
-                                  hint="Pass --config a TOML file (see "
-                                       "config/analysis.example.toml).")
-            with p.open("rb") as f:
+            with open_regular(p) as f:  # a FIFO would block, /dev/zero never end
                 raw = f.read(MAX_CONFIG_BYTES + 1)
             if len(raw) > MAX_CONFIG_BYTES:
                 raise ConfigError(f"{p}: larger than {MAX_CONFIG_BYTES} bytes, which no "
@@ -237,6 +233,10 @@ class Config:
             data = tomllib.loads(raw.decode("utf-8"))
         except FileNotFoundError as exc:
             raise ConfigError(f"{p}: configuration file not found") from exc
+        except NotRegularFile as exc:
+            raise ConfigError(f"{p}: {exc.kind}, not a regular file",
+                              hint="Pass --config a TOML file (see "
+                                   "config/analysis.example.toml).") from exc
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{p}: cannot read configuration ({exc.__class__.__name__})") from exc
         except tomllib.TOMLDecodeError as exc:

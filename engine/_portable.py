@@ -58,6 +58,7 @@ from ._store._blobs import fsync_dir
 from ._store._common import parse_stored_manifest
 from ._store._crash import crash_point
 from ._store._manifest import MAX_REVISION
+from ._store._sources import open_regular
 
 log = logging.getLogger("viano.export")
 
@@ -241,8 +242,19 @@ def read_export_structure(path: Path, limits: IntakeLimits) -> ImportRequest:
     """Everything :func:`read_export` checks but the phases' histories: what the store's
     own rules accept (tests use it to put a history in a store that only the phase checks
     would refuse, to test the checks that follow)."""
-    label = str(path)
     check_regular(path)
+    try:
+        return _read_structure(path, limits)
+    except (OSError, EOFError, zipfile.BadZipFile) as exc:
+        # check_regular opened it: what fails now was replaced or changed meanwhile.
+        raise ImportRejected(f"{path}: the export could not be read as it was checked "
+                             f"({type(exc).__name__}: {exc})", reason="input_changed",
+                             hint="Do not modify the export while Viano reads it; run the "
+                                  "command again.") from exc
+
+
+def _read_structure(path: Path, limits: IntakeLimits) -> ImportRequest:
+    label = str(path)
     if archive_kind(path) != "zip":
         raise ImportRejected(f"{label}: not a zip file")
     try:
@@ -259,7 +271,7 @@ def read_export_structure(path: Path, limits: IntakeLimits) -> ImportRequest:
     members = {m.name: m for m in scanned}
     if INDEX not in members or members[INDEX].size > MAX_INDEX_BYTES:
         raise ImportRejected(f"{label}: {INDEX} is missing or too large")
-    with zipfile.ZipFile(path) as zf:
+    with open_regular(path) as raw, zipfile.ZipFile(raw) as zf:
         package_id, case_id, gens = _parse_index(zf.read(INDEX), label)
         missing = [f"manifests/{g:06d}.json" for g, _ in gens
                    if f"manifests/{g:06d}.json" not in members]

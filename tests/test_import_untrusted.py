@@ -563,3 +563,68 @@ class TestAHugeDocument:
         assert doc["error"]["reason"] == "invalid_export", doc
         assert "reads whole" in doc["error"]["message"], doc
         assert not (dest / "store.sqlite3").exists()
+
+
+class TestOpenedAsChecked:
+    """What is checked is what is read: every open of a user-named file (a report, an
+    attachment, an export, a config, a source at commit) judges the opened descriptor, so a
+    file swapped for a FIFO or a device after a check is refused at once, never read (it
+    hung the command, holding the case's lock at commit)."""
+
+    def test_open_regular_refuses_what_is_not_a_file_without_waiting(self,
+                                                                     tmp_path: Path) -> None:
+        import os
+
+        from engine import open_regular
+        from engine._store._sources import NotRegularFile
+
+        fifo = tmp_path / "fifo"
+        os.mkfifo(fifo)  # no writer: a blocking open would wait for ever
+        for path, kind in ((fifo, "a FIFO"), (Path("/dev/zero"), "a device"),
+                           (tmp_path, "a folder")):
+            with pytest.raises(NotRegularFile) as info:
+                open_regular(path)
+            assert info.value.kind == kind
+        (tmp_path / "f").write_bytes(b"bytes")
+        with open_regular(tmp_path / "f") as f:
+            assert f.read() == b"bytes"
+
+    @pytest.mark.parametrize("size", [100, 400_000], ids=["inline", "blob file"])
+    def test_a_source_swapped_for_a_fifo_before_commit_is_input_changed(
+            self, tmp_path: Path, size: int) -> None:
+        import os
+
+        from engine import Change, FileSource, InputRejected, PublishRequest, new_package_id
+        from tests.store_helpers import open_rw
+
+        path = tmp_path / "input.bin"
+        path.write_bytes(os.urandom(size))
+        source = FileSource.of(path)
+        path.unlink()
+        os.mkfifo(path)
+        store = open_rw(tmp_path / "s")
+        try:
+            [out] = store.commit_batch([PublishRequest(new_package_id(), "SWAP-1", None, Change(
+                files={"inputs/input.bin": source}, phase="INTAKE"))])
+            assert isinstance(out, InputRejected) and out.reason == "input_changed", out
+            assert store.list_cases() == []
+        finally:
+            store.close()
+
+
+def test_an_export_that_cannot_be_read_is_unreadable_input(cli: Cli, sample: Path,
+                                                           tmp_path: Path) -> None:
+    """An export the user may not read is a refusal (exit 2, unreadable_input), not an
+    internal error: the check opens the file, as every later read does."""
+    from tests.conftest import run_viano, unprivileged
+
+    prefix = unprivileged()
+    if prefix is None:
+        pytest.skip("no way to drop the power to ignore file permissions here")
+    good = _export(cli, sample, tmp_path)
+    good.chmod(0)
+    store = tmp_path / "dest"
+    r = run_viano("import", "--json", "--store", store, good, prefix=prefix)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    error = json.loads(r.stdout)["error"]
+    assert error["reason"] == "unreadable_input", error

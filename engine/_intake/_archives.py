@@ -46,6 +46,7 @@ import attrs
 from .._config import IntakeLimits
 from .._errors import ArchiveRejected
 from .._store import CHUNK
+from .._store._sources import open_regular
 
 SNIFF_BYTES = 1024  # per member, for media-type sniffing; kept for every member
 MAX_SINGLE_READ = CHUNK            # the largest header read we allow (data reads are CHUNK)
@@ -65,7 +66,7 @@ def archive_kind(path: Path) -> str | None:
     """``"zip"``, ``"tar"`` or ``"tar.gz"`` from the content (never the file name), else
     None. A gzip file whose content does not start with a tar header (a plain ``.log.gz``)
     is not an archive: it is stored as one opaque source."""
-    with path.open("rb") as f:
+    with open_regular(path) as f:
         head = f.read(65536)
     if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
         return "zip"
@@ -108,7 +109,7 @@ Opener = Callable[[], IO[bytes]]
 def scan_archive(path: Path, kind: str, limits: IntakeLimits, label: str,
                  progress: Callable[[int], None] | None = None) -> list[MemberInfo]:
     """Check and hash every regular member of the archive at ``path``."""
-    with path.open("rb") as f:
+    with open_regular(path) as f:
         return scan_open_archive(f, kind, limits, label, progress)
 
 

@@ -10,7 +10,6 @@ refuses the publication if it changed in between.
 from __future__ import annotations
 
 import re
-import stat
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,7 +22,7 @@ from .._config import IntakeLimits
 from .._errors import ArchiveRejected, ChangeRejected, InputRejected, UsageError
 from .._ids import validate_case_id
 from .._store import BytesSource, Change, FileSource, Manifest, validate_logical_path
-from .._store._sources import BlobSource, hash_stream
+from .._store._sources import BlobSource, NotRegularFile, hash_stream, open_regular
 from ._archives import archive_kind, named_kind, scan_open_archive
 from ._catalogue import CatalogueBuilder, media_type
 from ._formats import parse_report
@@ -209,7 +208,7 @@ def _catalogue_attachment(cat: CatalogueBuilder, att: Attachment, name: str,
                                    "'attachment' role to store it as it is.")
     if kind is None:
         size_limit = limits.max_member_bytes
-        with att.path.open("rb") as f:
+        with open_regular(att.path) as f:
             digest, size = hash_stream(f, size_limit)
             f.seek(0)
             head = f.read(4096)
@@ -227,7 +226,7 @@ def _catalogue_attachment(cat: CatalogueBuilder, att: Attachment, name: str,
     # One open file for the hash, the scan and the hash again: a file renamed over the
     # path meanwhile is not read, and one changed in place shows in the second hash. The
     # store re-hashes the path at commit, so a swap after this is refused there.
-    with att.path.open("rb") as f:
+    with open_regular(att.path) as f:
         digest, size = hash_stream(f)
         members = scan_open_archive(f, kind, limits, str(att.path), progress)
         f.seek(0)
@@ -248,24 +247,23 @@ def _shown(path: Path) -> str:
 
 
 def check_regular(path: Path) -> None:
-    """A file Viano is to read (a report, an attachment, an export) exists and is a regular
-    file: a folder, a FIFO or a device is refused, never read (a FIFO would block, a device
-    never ends)."""
+    """A file Viano is to read (a report, an attachment, an export) exists, can be opened
+    and is a regular file: a folder, a FIFO or a device is refused, never read (a FIFO would
+    block, a device never ends). Every later open of it goes through ``open_regular`` too,
+    so a file swapped for one of those after this check is refused there, not read."""
     try:
-        st = path.stat()
+        open_regular(path).close()
     except FileNotFoundError as exc:
         raise InputRejected(f"{_shown(path)}: no such file",
                             hint="Check the path and run the command again.") from exc
+    except NotRegularFile as exc:
+        raise InputRejected(f"{_shown(path)}: {exc.kind}, not a regular file",
+                            hint="Name a regular file.") from exc
     except OSError as exc:
-        raise InputRejected(f"{_shown(path)}: cannot be read ({exc.strerror})",
-                            reason="unreadable_input") from exc
-    if not stat.S_ISREG(st.st_mode):
-        kind = ("a folder" if stat.S_ISDIR(st.st_mode) else
-                "a FIFO" if stat.S_ISFIFO(st.st_mode) else
-                "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else
-                "a special file")
-        raise InputRejected(f"{_shown(path)}: {kind}, not a regular file",
-                            hint="Name a regular file.")
+        raise InputRejected(f"{_shown(path)}: cannot be read ({exc.strerror or exc})",
+                            reason="unreadable_input",
+                            hint="Check that the file is readable by you and run the command "
+                                 "again.") from exc
 
 
 @contextmanager
@@ -282,7 +280,7 @@ def _readable(path: Path) -> Iterator[None]:
 
 def _read_small(path: Path, limit: int) -> bytes:
     check_regular(path)
-    with _readable(path), path.open("rb") as f:
+    with _readable(path), open_regular(path) as f:
         raw = f.read(limit + 1)
     if len(raw) > limit:
         raise InputRejected(f"{_shown(path)}: larger than max_report_bytes={limit}",

@@ -13,8 +13,11 @@ stores them without hashing them again.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
+import os
+import stat
 import zipfile
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -24,6 +27,33 @@ import attrs
 from .._canonical import sha256_hex
 
 CHUNK = 1 << 20
+
+
+class NotRegularFile(OSError):
+    """What was opened is a folder, FIFO, device or socket, not a regular file."""
+
+    def __init__(self, path: Path, mode: int):
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a special file")
+        super().__init__(errno.EINVAL, f"{kind}, not a regular file", str(path))
+        self.kind = kind
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for reading, if what is opened is a regular file: judged on the open
+    descriptor, so a file swapped for a FIFO or a device after an earlier check is refused,
+    never read. ``O_NONBLOCK`` keeps the open itself from waiting for a FIFO's writer (it
+    changes nothing for a regular file). Raises :class:`NotRegularFile` (an ``OSError``)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(path, mode)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 class BlobSource(Protocol):
@@ -66,7 +96,7 @@ class FileSource:
         return cls(path=path, sha256=digest, size=size)
 
     def open(self) -> BinaryIO:
-        return self.path.open("rb")
+        return open_regular(self.path)
 
 
 @attrs.frozen
@@ -77,19 +107,24 @@ class ZipMemberSource:
     size: int
 
     def open(self) -> BinaryIO:
-        zf = zipfile.ZipFile(self.archive)
+        raw = open_regular(self.archive)
         try:
-            return _ClosingMember(zf, zf.open(self.member))  # type: ignore[return-value,arg-type]
+            zf = zipfile.ZipFile(raw)
+            try:
+                return _ClosingMember(zf, zf.open(self.member), raw)  # type: ignore[return-value,arg-type]
+            except BaseException:
+                zf.close()
+                raise
         except BaseException:
-            zf.close()
+            raw.close()
             raise
 
 
 class _ClosingMember:
     """A zip member stream that also closes its archive."""
 
-    def __init__(self, zf: zipfile.ZipFile, stream: BinaryIO):
-        self._zf, self._stream = zf, stream
+    def __init__(self, zf: zipfile.ZipFile, stream: BinaryIO, raw: BinaryIO):
+        self._zf, self._stream, self._raw = zf, stream, raw
 
     def read(self, n: int = -1) -> bytes:
         return self._stream.read(n)
@@ -106,8 +141,11 @@ class _ClosingMember:
         return self._stream.tell()
 
     def close(self) -> None:
-        self._stream.close()
-        self._zf.close()
+        try:
+            self._stream.close()
+            self._zf.close()
+        finally:
+            self._raw.close()  # a ZipFile given an open file leaves it open
 
     def __enter__(self) -> _ClosingMember:
         return self
@@ -133,7 +171,7 @@ def hash_stream(stream: BinaryIO, limit: int | None = None) -> tuple[str, int]:
 
 
 def hash_stream_path(path: Path) -> tuple[str, int]:
-    with path.open("rb") as f:
+    with open_regular(path) as f:
         return hash_stream(f)
 
 

@@ -41,6 +41,7 @@ from engine import (
     UsageError,
     VianoError,
     check_regular,
+    open_regular,
     prepare_intake,
 )
 from engine._text import terminal_safe
@@ -196,7 +197,7 @@ def _count_lines(path: Path, limit: int) -> int:
     """The lines :func:`_lines` yields (non-blank, or over ``limit``: refused), in bounded
     memory (a line may be far larger than the limit)."""
     count, content, length = 0, False, 0
-    with path.open("rb") as f:
+    with open_regular(path) as f:
         while chunk := f.read(1 << 20):
             pieces = chunk.split(b"\n")
             for piece in pieces[:-1]:  # each of these ends a line
@@ -210,7 +211,7 @@ def _count_lines(path: Path, limit: int) -> int:
 
 
 def _lines(path: Path, limit: int) -> Iterator[_Item]:
-    with path.open("rb") as f:
+    with open_regular(path) as f:
         number = 0
         while True:
             line = f.readline(limit + 1)

@@ -141,7 +141,7 @@ def export_package(store: Store, case_id: str, dest: Path, *, force: bool = Fals
         with open(tmp, "xb") as raw:
             # Held until the rename: another export removes only a temporary file whose
             # lock it can take (no writer) and that has not changed for a while.
-            fcntl.flock(raw.fileno(), fcntl.LOCK_EX)
+            fcntl.flock(raw.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # new: nobody has it
             with zipfile.ZipFile(raw, "w", compression=zipfile.ZIP_STORED,
                                  allowZip64=True) as zf:
                 zf.writestr(INDEX, artifact_json(index))
@@ -167,8 +167,10 @@ def export_package(store: Store, case_id: str, dest: Path, *, force: bool = Fals
 TMP_PREFIX = ".viano-export-"
 _TMP_NAME = re.compile(re.escape(TMP_PREFIX) + r"[0-9]{1,10}-[0-9a-f]{8}\.tmp")
 # An export holds an exclusive flock on its temporary file until it renames it, and writes
-# it continuously. One that is unlocked and unchanged for this long has no writer.
-ABANDONED_AFTER_S = 60.0
+# it continuously. One that is unlocked and unchanged for this long has no writer. The age
+# is the guard where locks do not reach across hosts (some shared folders): generous, as it
+# compares a file server's clock with this host's.
+ABANDONED_AFTER_S = 900.0
 
 
 def _remove_abandoned(folder: Path) -> list[Path]:
@@ -184,7 +186,9 @@ def _remove_abandoned(folder: Path) -> list[Path]:
         return removed
     for path in names:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            if not stat.S_ISREG(os.lstat(path).st_mode):
+                continue  # a link, a device, anything not a file: never opened
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
         except OSError:
             continue  # gone meanwhile, a symbolic link, or not ours to read
         try:
@@ -192,7 +196,9 @@ def _remove_abandoned(folder: Path) -> list[Path]:
             if not stat.S_ISREG(st.st_mode) or time.time() - st.st_mtime < ABANDONED_AFTER_S:
                 continue
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                # Shared: it conflicts with the writer's exclusive lock, and a read-only
+                # descriptor may take it even where flock is a POSIX lock (NFS).
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except OSError:
                 continue  # a writer holds it
             # Still the file that was checked (not replaced since by a new export's).

@@ -589,6 +589,44 @@ class TestOpenedAsChecked:
         with open_regular(tmp_path / "f") as f:
             assert f.read() == b"bytes"
 
+    def test_a_socket_is_refused_by_name_unopened(self) -> None:
+        import socket
+        import tempfile
+
+        from engine import open_regular
+        from engine._store._sources import NotRegularFile
+
+        with tempfile.TemporaryDirectory(dir="/tmp") as short:  # a socket path is short
+            path = Path(short) / "s"
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.bind(str(path))
+                with pytest.raises(NotRegularFile) as info:
+                    open_regular(path)
+                assert info.value.kind == "a socket"
+
+    def test_a_jsonl_batch_swapped_after_its_check_is_refused(
+            self, cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """--batch FILE.jsonl is read through one open file: swapped for a FIFO right after
+        its check, it is unreadable_input (exit 2); it hung, then crashed as an internal
+        error, when it was opened again by path."""
+        import os
+
+        from viano_bug_analysis.cli import _intake_commands
+
+        batch = tmp_path / "b.jsonl"
+        batch.write_text('{"title": "t", "body": "b"}\n')
+        real = _intake_commands.check_regular
+
+        def check_then_swap(path: Path) -> None:
+            real(path)
+            path.unlink()
+            os.mkfifo(path)
+
+        monkeypatch.setattr(_intake_commands, "check_regular", check_then_swap)
+        r = cli("intake", "--json", "--store", tmp_path / "s", "--batch", batch)
+        assert r.code == 2, (r.code, r.out, r.err)
+        assert r.json["error"]["reason"] == "unreadable_input", r.out  # type: ignore[index]
+
     @pytest.mark.parametrize("size", [100, 400_000], ids=["inline", "blob file"])
     def test_a_source_swapped_for_a_fifo_before_commit_is_input_changed(
             self, tmp_path: Path, size: int) -> None:

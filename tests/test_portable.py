@@ -199,6 +199,44 @@ class TestAKilledExport:
         assert sorted(p.name for p in out.iterdir()) == ["b.zip", "c.zip"]
         assert cli("import", "--store", tmp_path / "t", out / "c.zip").code == 0
 
+    def test_a_live_exports_file_is_kept_however_old(self, cli: Cli, sample: Path,
+                                                      tmp_path: Path) -> None:
+        """A real export paused just before its rename holds its file's lock: another export
+        into the folder keeps that file even when its mtime is far past the age limit, and
+        the first then completes."""
+        import os
+        import subprocess
+        import time
+
+        from engine._portable import ABANDONED_AFTER_S
+        from tests.conftest import PYTHON
+        from tests.test_store_integrity import _wait_for
+
+        store, out = tmp_path / "s", tmp_path / "out"
+        out.mkdir()
+        assert cli("intake", "--store", store, "--report", sample / "report.json").code == 0
+        marker = tmp_path / "paused"
+        first = subprocess.Popen(
+            [PYTHON, "-c", "from viano_bug_analysis.cli import run; run()", "export",
+             "--store", str(store), "BUG-20", str(out / "a.zip")],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=child_env(VIANO_PAUSE_AT="export.written", VIANO_PAUSE_FILE=str(marker)))
+        try:
+            _wait_for(marker, first)
+            [live] = list(out.iterdir())
+            then = time.time() - 2 * ABANDONED_AFTER_S
+            os.utime(live, (then, then))
+            assert cli("export", "--store", store, "BUG-20", out / "b.zip").code == 0
+            assert live.exists()
+            marker.unlink()
+            _out, err = first.communicate(timeout=60)
+        finally:
+            if first.poll() is None:
+                first.kill()
+                first.communicate()
+        assert first.returncode == 0, err
+        assert sorted(p.name for p in out.iterdir()) == ["a.zip", "b.zip"]
+
     def test_only_files_without_a_writer_are_removed(self, cli: Cli, sample: Path,
                                                      tmp_path: Path) -> None:
         import fcntl

@@ -34,7 +34,8 @@ class NotRegularFile(OSError):
 
     def __init__(self, path: Path, mode: int):
         kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
-                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a special file")
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
+                "a socket" if stat.S_ISSOCK(mode) else "a special file")
         super().__init__(errno.EINVAL, f"{kind}, not a regular file", str(path))
         self.kind = kind
 
@@ -43,7 +44,12 @@ def open_regular(path: Path) -> BinaryIO:
     """``path`` opened for reading, if what is opened is a regular file: judged on the open
     descriptor, so a file swapped for a FIFO or a device after an earlier check is refused,
     never read. ``O_NONBLOCK`` keeps the open itself from waiting for a FIFO's writer (it
-    changes nothing for a regular file). Raises :class:`NotRegularFile` (an ``OSError``)."""
+    changes nothing for a regular file); a path that names no regular file when it is first
+    looked at is not opened at all (opening some devices has effects). Raises
+    :class:`NotRegularFile` (an ``OSError``)."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise NotRegularFile(path, mode)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     try:
         mode = os.fstat(fd).st_mode

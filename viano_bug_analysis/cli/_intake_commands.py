@@ -20,7 +20,7 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import attrs
 import trio
@@ -185,33 +185,40 @@ def _items(path: Path, limits: IntakeLimits) -> tuple[int, Iterator[_Item], list
                              "is read as JSON Lines, one report per line, and this one is "
                              "not named so", hint="Name it FILE.jsonl (or give a folder of "
                                                   "report files).")
-        return (_count_lines(path, limits.max_report_bytes), _lines(path, limits.max_report_bytes),
-                [])
-    except PermissionError as exc:
+        # One open file for the count and the lines: a file swapped for another (or for
+        # a FIFO) after the check is not read.
+        f = open_regular(path)
+        try:
+            count = _count_lines(f, limits.max_report_bytes)
+            f.seek(0)
+        except BaseException:
+            f.close()
+            raise
+        return count, _lines(f, path, limits.max_report_bytes), []
+    except OSError as exc:
         raise InputRejected(f"--batch {terminal_safe(str(path))}: cannot be read "
-                            f"({exc.strerror})", reason="unreadable_input",
+                            f"({exc.strerror or exc})", reason="unreadable_input",
                             hint="Check that it is readable by you.") from exc
 
 
-def _count_lines(path: Path, limit: int) -> int:
+def _count_lines(f: BinaryIO, limit: int) -> int:
     """The lines :func:`_lines` yields (non-blank, or over ``limit``: refused), in bounded
     memory (a line may be far larger than the limit)."""
     count, content, length = 0, False, 0
-    with open_regular(path) as f:
-        while chunk := f.read(1 << 20):
-            pieces = chunk.split(b"\n")
-            for piece in pieces[:-1]:  # each of these ends a line
-                length += len(piece)
-                if content or piece.strip() or length > limit:
-                    count += 1
-                content, length = False, 0
-            content = content or bool(pieces[-1].strip())
-            length += len(pieces[-1])
+    while chunk := f.read(1 << 20):
+        pieces = chunk.split(b"\n")
+        for piece in pieces[:-1]:  # each of these ends a line
+            length += len(piece)
+            if content or piece.strip() or length > limit:
+                count += 1
+            content, length = False, 0
+        content = content or bool(pieces[-1].strip())
+        length += len(pieces[-1])
     return count + (1 if content or length > limit else 0)
 
 
-def _lines(path: Path, limit: int) -> Iterator[_Item]:
-    with open_regular(path) as f:
+def _lines(f: BinaryIO, path: Path, limit: int) -> Iterator[_Item]:
+    with f:
         number = 0
         while True:
             line = f.readline(limit + 1)

@@ -88,15 +88,24 @@ async def _publish_intake(location: str, plan: IntakePlan, settings: StoreConfig
     async with open_store(location, settings=settings) as store:
         try:
             return await waiting_for_the_case(lambda: store.intake(plan), on_wait), False
-        except CaseExists as exists:
-            try:
-                ref, snap = await store.head(plan.case_id)
-            except StorageError:
-                raise exists from None  # the case exists; a damaged head proves nothing
-            if not plan.is_in(snap.manifest):
+        except CaseExists:
+            present = await _already_present(store, plan)
+            if present is None:
                 raise
-            return Published(ref.package_id, ref.case_id, ref.generation, snap.manifest,
-                             ref.status), True
+            return present, True
+
+
+async def _already_present(store: StoreHandle, plan: IntakePlan) -> Published | None:
+    """The existing case as it is, if this very intake is in it (:meth:`IntakePlan.is_in`);
+    None if it holds other inputs or its head cannot be read (a damaged head proves
+    nothing). The one rule single and bulk intake use."""
+    try:
+        ref, snap = await store.head(plan.case_id)
+    except StorageError:
+        return None
+    if not plan.is_in(snap.manifest):
+        return None
+    return Published(ref.package_id, ref.case_id, ref.generation, snap.manifest, ref.status)
 
 
 def _print_intake(out: Output, plan: IntakePlan, published: Published, present: bool) -> None:
@@ -372,16 +381,13 @@ async def _publish_one(store: StoreHandle, item: _Item, plan: IntakePlan,
 
 
 async def _existing(store: StoreHandle, item: _Item, plan: IntakePlan, done: Done) -> None:
-    """The case exists: this very intake is already present (the rule single intake uses:
-    :meth:`IntakePlan.is_in`); a case with other inputs, or one whose head cannot be read,
-    is refused (``case_exists``)."""
-    try:
-        _ref, snap = await store.head(plan.case_id)
-    except StorageError:
-        snap = None  # the case exists; a damaged head proves nothing
-    if snap is not None and plan.is_in(snap.manifest):
+    """The case exists: this very intake is already present (:func:`_already_present`);
+    a case with other inputs, or one whose head cannot be read, is refused
+    (``case_exists``)."""
+    present = await _already_present(store, plan)
+    if present is not None:
         done("present", {"report": item.label, "case_id": plan.case_id,
-                         "package_id": snap.manifest.package_id})
+                         "package_id": present.package_id})
     else:
         done("refused", _refusal(item, CaseExists(
             f"case {plan.case_id!r} already exists with other inputs"), plan.case_id))

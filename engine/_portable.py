@@ -223,12 +223,15 @@ def _write_blob(store: Store, zf: zipfile.ZipFile, sha: str, size: int) -> None:
 
 
 def import_limits(limits: IntakeLimits) -> IntakeLimits:
-    """An export holds blobs as intake stored them: an archive of up to max_total_bytes is
-    one blob, and a case may hold several. So a member may be as large as max_total_bytes
-    and the whole export 16 times that; count and ratio limits apply as at intake (an
-    export is stored, not deflated: its ratio is 1)."""
-    return attrs.evolve(limits, max_member_bytes=limits.max_total_bytes,
-                        max_total_bytes=16 * limits.max_total_bytes)
+    """The limits an export is read within. It is a zip that Viano wrote with every member
+    stored, never deflated, so no member may hold more bytes than it takes in the file
+    (a compression ratio of 1): every byte read is a byte of the file itself, which bounds
+    the whole read, and no size limit of the configuration applies on top of that. A size
+    limit could only refuse what this store wrote under the same configuration (a case of
+    many attachments is larger than any one of them). The count of members stays limited,
+    as at intake: zipfile holds the whole central directory in memory."""
+    return attrs.evolve(limits, max_member_bytes=2**62, max_total_bytes=2**62,
+                        max_compression_ratio=1.0)
 
 
 def read_export(path: Path, limits: IntakeLimits) -> ImportRequest:
@@ -267,13 +270,17 @@ def _read_structure(path: Path, limits: IntakeLimits) -> ImportRequest:
         scanned = scan_archive(path, "zip", import_limits(limits), label)
     except ArchiveRejected as exc:
         # An export is a zip Viano wrote: a member it cannot hold (unsafe, encrypted,
-        # damaged) says the file is not one, or was changed; only a size may be a limit.
-        raise ArchiveRejected(exc.message, reason=exc.reason, hint=(
-            "The export is larger than this configuration allows; raise [intake.limits] "
-            "max_total_bytes if you trust it (import allows 16 times it)."
-            if exc.reason == "limit_exceeded" else
-            "This file is not an export Viano wrote, or it was changed after; nothing was "
-            "imported. Export the case again from its store.")) from exc
+        # compressed, damaged) says the file is not one, or was changed; only the count of
+        # its members is a limit of this configuration.
+        many = exc.reason == "limit_exceeded" and "max_members" in exc.message
+        raise ArchiveRejected(exc.message, reason=exc.reason if many or exc.reason !=
+                              "limit_exceeded" else "invalid_export", hint=(
+            "The export has more files than this configuration allows; raise "
+            "[intake.limits] max_members if you trust it. Nothing was imported."
+            if many else
+            "This file is not an export Viano wrote (its members are stored, never "
+            "compressed), or it was changed after; nothing was imported. Export the case "
+            "again from its store.")) from exc
     members = {m.name: m for m in scanned}
     if INDEX not in members or members[INDEX].size > MAX_INDEX_BYTES:
         raise ImportRejected(f"{label}: {INDEX} is missing or too large")

@@ -482,18 +482,72 @@ class TestArchiveRefusalsOnImport:
         assert "Export the case again" in error["hint"] and "limit" not in error["hint"], error
         assert not target.exists()
 
-    def test_an_export_beyond_the_limits(self, cli: Cli, sample: Path, tmp_path: Path) -> None:
+    def test_more_members_than_the_configuration_allows(self, cli: Cli, sample: Path,
+                                                        tmp_path: Path) -> None:
         good = _export(cli, sample, tmp_path)
-        cfg = tmp_path / "small.toml"
-        small = good.stat().st_size // 64
-        cfg.write_text(f"[intake.limits]\nmax_total_bytes = {small}\n"
-                       f"max_member_bytes = {small}\n")
+        with zipfile.ZipFile(good) as zf:
+            count = len(zf.namelist())
+        cfg = tmp_path / "few.toml"
+        cfg.write_text(f"[intake.limits]\nmax_members = {count - 1}\n")
         target = tmp_path / "target"
         r = cli("import", "--json", "--store", target, "--config", cfg, good)
         assert r.code == 2, r.err
         error = r.json["error"]  # type: ignore[index]
-        assert error["reason"] == "limit_exceeded" and "max_total_bytes" in error["hint"], error
+        assert error["reason"] == "limit_exceeded" and "max_members" in error["hint"], error
         assert not target.exists()
+
+    def test_a_compressed_member_is_not_an_export_viano_wrote(
+            self, cli: Cli, sample: Path, tmp_path: Path) -> None:
+        """Members are stored: one that inflates could make the import read more than the
+        file holds (a zip bomb), so it is refused, and no size limit is what decides."""
+        good = _export(cli, sample, tmp_path)
+        bad = tmp_path / "deflated.zip"
+        with zipfile.ZipFile(good) as zin, zipfile.ZipFile(bad, "w") as zout:
+            for name in zin.namelist():
+                zout.writestr(name, zin.read(name), compress_type=zipfile.ZIP_DEFLATED)
+        target = tmp_path / "target"
+        r = cli("import", "--json", "--store", target, bad)
+        assert r.code == 2, r.err
+        error = r.json["error"]  # type: ignore[index]
+        assert error["reason"] == "invalid_export", error
+        assert "never compressed" in error["hint"] and "raise" not in error["hint"], error
+        assert not target.exists()
+
+
+@pytest.mark.parametrize("shape", ["many plain attachments", "archives at the limit"])
+def test_what_a_store_took_in_imports_under_the_same_configuration(
+        cli: Cli, sample: Path, tmp_path: Path, shape: str) -> None:
+    """The class: whatever intake accepted under a configuration, an import under the same
+    configuration accepts — here cases far larger in total than any one limit (16 times
+    max_total_bytes was import's cap, which 30 attachments under it exceeded)."""
+    import random
+
+    limit = 64 * 1024
+    cfg = tmp_path / "small.toml"
+    cfg.write_text(f"[intake.limits]\nmax_total_bytes = {limit}\nmax_member_bytes = {limit}\n")
+    rng = random.Random(7)
+    attach: list[str | Path] = []
+    for i in range(30 if shape == "many plain attachments" else 20):
+        path = tmp_path / (f"log{i}.bin" if shape == "many plain attachments" else f"d{i}.zip")
+        if shape == "many plain attachments":
+            path.write_bytes(rng.randbytes(limit - 1000))
+        else:
+            with zipfile.ZipFile(path, "w") as zf:  # stored: the archive is near the limit too
+                zf.writestr("dump.bin", rng.randbytes(limit - 4096))
+        role = "attachment" if shape == "many plain attachments" else "diagnostics"
+        attach += ["--attach", f"{role}={path}"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    r = cli("intake", "--store", a, "--config", cfg, "--report", sample / "report.json", *attach)
+    assert r.code == 0, r.err
+    out = tmp_path / "case.zip"
+    assert cli("export", "--store", a, "--config", cfg, "BUG-20", out).code == 0
+    assert out.stat().st_size > 16 * limit  # beyond the old cap
+    r = cli("import", "--json", "--store", b, "--config", cfg, out)
+    assert r.code == 0, r.err
+    assert cli("verify", "--store", b).code == 0
+    shown = [cli("show", "--json", "--store", s, "BUG-20") for s in (a, b)]
+    assert shown[0].code == shown[1].code == 0
+    assert shown[0].out == shown[1].out  # the same manifest, byte for byte
 
 
 HUGE_DOCUMENT = 400 * 1024 * 1024  # more than the child's whole address space allows twice

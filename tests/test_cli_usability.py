@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine import CaseStatus, iso_utc
-from tests.conftest import PYTHON, REPO, Cli, child_env, run_viano
+from tests.conftest import PYTHON, REPO, Cli, child_env, run_viano, snapshot
 
 
 def _fixture_config(tmp: Path, sample: Path, *, path: Path | None = None) -> Path:
@@ -60,6 +60,57 @@ class TestMistakesAreRefused:
                 tmp_path / "no" / "such" / "dir.log")
         assert r.code == 2 and r.json["error"]["reason"] == "usage_error"  # type: ignore[index]
         assert "internal_error" not in r.err
+
+    @pytest.mark.timeout(60)
+    def test_a_fifo_without_a_reader_is_refused_at_once(self, cli: Cli, tmp_path: Path) -> None:
+        fifo = tmp_path / "events"
+        os.mkfifo(fifo)
+        r = cli("status", "--store", tmp_path / "s", "--json", "--log-json", fifo)
+        assert r.code == 2, r.err
+        error = r.json["error"]  # type: ignore[index]
+        assert error["reason"] == "usage_error" and "no process reads" in error["message"]
+
+    @pytest.mark.timeout(60)
+    def test_a_fifo_with_a_reader_gets_the_events(self, cli: Cli, sample: Path,
+                                                  tmp_path: Path) -> None:
+        fifo = tmp_path / "events"
+        os.mkfifo(fifo)
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            _intake(cli, tmp_path / "s", sample, "--log-json", fifo)
+            r = cli("run", "--store", tmp_path / "s", "--config",
+                    _fixture_config(tmp_path, sample), "--log-json", fifo, "--all")
+            assert r.code == 0, r.err
+            lines = os.read(reader, 1 << 20).decode().splitlines()
+        finally:
+            os.close(reader)
+        assert lines and all(json.loads(line)["ts"] for line in lines)
+
+    @pytest.mark.parametrize("where", ["store.sqlite3", "a new file", "the folder itself"])
+    def test_never_inside_the_store(self, cli: Cli, sample: Path, tmp_path: Path,
+                                    where: str) -> None:
+        store = tmp_path / "s"
+        assert cli("intake", "--store", store, "--report", sample / "report.json").code == 0
+        before = snapshot(store)
+        target = {"store.sqlite3": store / "store.sqlite3", "a new file": store / "x.log",
+                  "the folder itself": store}[where]
+        link = tmp_path / "innocent.log"  # through a symbolic link, too
+        link.symlink_to(target)
+        for given in (target, link):
+            r = cli("status", "--store", store, "--json", "--log-json", given)
+            assert r.code == 2, r.err
+            assert r.json["error"]["reason"] == "destination_in_store"  # type: ignore[index]
+        assert snapshot(store) == before and not (store / "x.log").exists()
+        assert cli("verify", "--store", store).code == 0
+
+    def test_a_block_device_is_refused(self, cli: Cli, tmp_path: Path) -> None:
+        device = next((p for p in sorted(Path("/dev").glob("loop*"))
+                       if p.is_block_device() and os.access(p, os.W_OK)), None)
+        if device is None:
+            pytest.skip("no writable block device here")
+        r = cli("status", "--store", tmp_path / "s", "--json", "--log-json", device)
+        assert r.code == 2, r.err
+        assert "character device" in r.json["error"]["message"]  # type: ignore[index]
 
     def test_version(self, cli: Cli) -> None:
         from importlib.metadata import version

@@ -130,6 +130,62 @@ class TestFixtureProvider:
         assert none.attempts[0].detail == "fixture_missing"
 
 
+class TestFixtureAnswersAreReadWithinTheLimit:
+    """A fixture answer is read no further than the output limit, whatever its size: a
+    sparse file of 3 GiB under an address-space limit of 1 GiB is an over-limit answer,
+    not a MemoryError; one that cannot be read is a configuration failure."""
+
+    CHILD = """
+import resource, sys, trio
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+from actors import open_gateway
+from engine import ProviderConfig
+from tests.gateway_helpers import FAST, request
+
+async def main():
+    p = ProviderConfig(name="fx", kind="fixture", path=sys.argv[1])
+    async with open_gateway([p], FAST) as gw:
+        out = await gw.round(request("BUG-20"))
+    print(out.status.name, out.attempts[0].detail)
+
+trio.run(main)
+"""
+
+    def test_a_huge_answer_file(self, tmp_path: Path) -> None:
+        import subprocess
+
+        from tests.conftest import PYTHON, REPO, child_env
+
+        base = tmp_path / "fixtures" / "hypotheses_v1"
+        base.mkdir(parents=True)
+        with open(base / "BUG-20.json", "wb") as f:
+            f.truncate(3 << 30)  # sparse: no disk is used
+        proc = subprocess.run([PYTHON, "-c", self.CHILD, str(tmp_path / "fixtures")],
+                              cwd=REPO, env=child_env(), capture_output=True, text=True,
+                              timeout=120, check=False)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.split() == ["INVALID_ANSWER", "output_limit_exceeded"]
+
+    async def test_an_unreadable_answer_file(self, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+        from engine._gateway import _attempt
+
+        base = tmp_path / "fixtures" / "hypotheses_v1"
+        base.mkdir(parents=True)
+        (base / "BUG-20.json").write_text("{}")
+
+        def denied(path: Path) -> None:
+            raise PermissionError(13, "Permission denied", str(path))
+
+        monkeypatch.setattr(_attempt, "open_regular", denied)  # as root, chmod cannot
+        p = ProviderConfig(name="fx", kind="fixture", path=str(tmp_path / "fixtures"))
+        async with open_gateway([p], FAST) as gw:
+            out = await gw.round(request("BUG-20"))
+        assert out.status is RoundStatus.CONFIGURATION
+        assert out.attempts[0].detail == "fixture_unreadable"
+        assert "Permission denied" in (out.attempts[0].error or "")
+
+
 class TestRedactorPrecheck:
     """The fast pre-check never lets through what the full pattern would mask."""
 

@@ -16,6 +16,7 @@ import httpx
 
 from .._canonical import utc_now_iso
 from .._config import ProviderConfig
+from .._store._sources import open_regular
 from ._answer import InvalidAnswer, parse_contracted_json
 from ._audit import BODY_LIMIT, AuditRecord
 from ._classes import FailureClass, classify_exception, classify_status
@@ -154,7 +155,15 @@ def fixture_attempt(ctx: AttemptContext) -> AttemptResult:
     root = Path(ctx.provider.path or ".") / ctx.prompt.prompt_id
     for candidate in (root / f"{ctx.prompt.case_id}.json", root / "default.json"):
         if ctx.prompt.case_id and "/" not in ctx.prompt.case_id and candidate.is_file():
-            raw = candidate.read_bytes()[: ctx.max_output_bytes + 1]
+            try:  # no more than the limit is read, whatever the file's size
+                with open_regular(candidate) as f:
+                    raw = f.read(ctx.max_output_bytes + 1)
+            except OSError as exc:
+                return AttemptResult(make_record(
+                    ctx, None, started, started_at, failure=FailureClass.CONFIGURATION,
+                    detail="fixture_unreadable",
+                    error=f"the fixture answer {candidate} cannot be read "
+                          f"({exc.strerror or exc})"))
             break
     else:
         return AttemptResult(make_record(

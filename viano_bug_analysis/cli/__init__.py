@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from engine import EXIT_INTERRUPTED, Config, VianoError, tune_collector
 
 from ._commands import COMMANDS
+from ._context import store_path
 from ._events import event_log
 from ._output import Output
 from ._parser import build_parser
@@ -23,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         out.as_json = bool(args.json)
         config = Config.resolve(args.config)
-        with event_log(args.log_json):
+        with event_log(args.log_json, store_path(args, config)):
             return COMMANDS[args.command](args, out, config)
     except BaseException as exc:  # every ending gets a reason and a code
         return _report(out, _cause(exc))

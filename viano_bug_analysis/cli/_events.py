@@ -3,12 +3,16 @@ Quiet unless asked for. The events carry no secret (no audit record is logged)."
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
+import stat
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import IO
 
 from engine import UsageError
@@ -33,18 +37,12 @@ class _JsonLines(logging.Handler):
 
 
 @contextmanager
-def event_log(target: str | None) -> Iterator[None]:
+def event_log(target: str | None, store_root: Path | None = None) -> Iterator[None]:
     if target is None:
         yield
         return
     logger = logging.getLogger("viano.events")
-    try:
-        stream: IO[str] = sys.stderr if target == "-" else open(  # noqa: SIM115
-            target, "a", encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"--log-json cannot write {target!r}: {exc.strerror or exc}",
-                         hint="Give a file in a directory that exists and is writable, "
-                              "or '-' for stderr.") from exc
+    stream: IO[str] = sys.stderr if target == "-" else open_log(target, store_root)
     handler = _JsonLines(stream)
     old_level = logger.level
     logger.addHandler(handler)
@@ -56,3 +54,48 @@ def event_log(target: str | None) -> Iterator[None]:
         logger.setLevel(old_level)
         if stream is not sys.stderr:
             stream.close()
+
+
+_HINT = "Give a file in a directory that exists and is writable, or '-' for stderr."
+
+
+def open_log(target: str, store_root: Path | None) -> IO[str]:
+    """The event log's file, opened for appending, or a refusal (``usage_error``) that
+    names why: never a path inside the store (appending to its database would corrupt
+    it), never a FIFO that no process reads (opening it would wait for one forever), and
+    never a block device. A FIFO with a reader, a character device (``/dev/null``, a
+    terminal) and a regular file are what a log can be written to."""
+    if store_root is not None:
+        try:
+            place, root = Path(target).resolve(), store_root.resolve()
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise _refused(target, str(exc)) from exc
+        if place == root or root in place.parents:
+            raise UsageError(f"--log-json {_shown(target)} is inside the store folder",
+                             reason="destination_in_store",
+                             hint="Write the event log outside the store folder.")
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(target, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO without a reader
+            raise UsageError(f"--log-json {_shown(target)} is a FIFO that no process reads",
+                             hint="Start its reader first, or give a file.") from exc
+        raise _refused(target, exc.strerror or str(exc)) from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)):
+            raise _refused(target, "not a file, a FIFO or a character device")
+        os.set_blocking(fd, True)
+        return open(fd, "a", encoding="utf-8", closefd=True)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _refused(target: str, why: str) -> UsageError:
+    return UsageError(f"--log-json cannot write {_shown(target)!r}: {why}", hint=_HINT)
+
+
+def _shown(target: str) -> str:
+    return target.encode("utf-8", "backslashreplace").decode("utf-8")

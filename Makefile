@@ -17,7 +17,7 @@ demo: $(STAMP)
 	$(BIN)/viano demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check engine actors viano_bug_analysis tests bench
+	$(BIN)/ruff check engine actors viano_bug_analysis viano_main.py tests bench
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -117,6 +117,7 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 PYTHON = sys.executable
+VIANO = [PYTHON, "-c", "from viano_main import run; run()"]  # the console script's code path
 
 
 def unprivileged() -> list[str] | None:
@@ -135,10 +136,9 @@ def run_viano(*args: str | os.PathLike[str], prefix: list[str] | None = None,
               env: dict[str, str] | None = None, timeout: float = 120,
               cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """``viano`` as a real process (the installed entry point's code path)."""
-    return subprocess.run([*(prefix or []), PYTHON, "-c",
-                           "from viano_bug_analysis.cli import run; run()",
-                           *[str(a) for a in args]], capture_output=True, text=True,
-                          env=env or child_env(), timeout=timeout, check=False, cwd=cwd)
+    return subprocess.run([*(prefix or []), *VIANO, *[str(a) for a in args]],
+                          capture_output=True, text=True, env=env or child_env(),
+                          timeout=timeout, check=False, cwd=cwd)
 
 
 def make_readonly(root: Path) -> None:

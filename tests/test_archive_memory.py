@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PYTHON, Cli, child_env
+from tests.conftest import VIANO, Cli, child_env
 
 HEADER_BYTES = 768 * 1024 * 1024   # what the archive's one header claims and holds
 ADDRESS_SPACE = 512 * 1024 * 1024  # the child's whole address space: less than the header
@@ -83,7 +83,7 @@ class TestHeadersUnderAnAddressSpaceLimit:
         assert bomb.stat().st_size < 16 * 1024 * 1024
         report = tmp_path / "r.json"
         report.write_text('{"title": "t", "body": "b"}')
-        proc = subprocess.run([PYTHON, "-c", "from viano_bug_analysis.cli import run; run()",
+        proc = subprocess.run([*VIANO,
                                "intake", "--json", "--store", str(tmp_path / "s"), "--report",
                                str(report), "--attach", f"diagnostics={bomb}"],
                               capture_output=True, text=True, env=child_env(), timeout=300,
@@ -97,7 +97,7 @@ class TestHeadersUnderAnAddressSpaceLimit:
                                                        sample: Path) -> None:
         """The same address-space limit is ample for an ordinary intake (so the refusal
         above is the bound at work, not the limit starving the process)."""
-        proc = subprocess.run([PYTHON, "-c", "from viano_bug_analysis.cli import run; run()",
+        proc = subprocess.run([*VIANO,
                                "intake", "--json", "--store", str(tmp_path / "s"), "--report",
                                str(sample / "report.json"), "--attach",
                                f"diagnostics={sample / 'wowdiag.zip'}"],

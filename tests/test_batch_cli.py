@@ -20,7 +20,7 @@ import pytest
 from actors import open_store
 from engine import IntakeLimits, prepare_intake
 from tests.batch_helpers import write_generic_answers
-from tests.conftest import PYTHON, REPO, child_env, run_viano
+from tests.conftest import PYTHON, REPO, VIANO, child_env, run_viano
 from tests.loopback.process import Provider
 from tests.store_helpers import open_ro
 
@@ -92,7 +92,7 @@ class _Process:
 
     def __init__(self, *args: str | Path, env: dict[str, str]):
         self.proc = subprocess.Popen(
-            [PYTHON, "-c", "from viano_bug_analysis.cli import run; run()",
+            [*VIANO,
              *[str(a) for a in args]], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, env=env, cwd=REPO)
         _CHILDREN.append(self.proc)

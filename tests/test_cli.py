@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PYTHON, Cli, child_env
+from tests.conftest import PYTHON, VIANO, Cli, child_env
 from tests.store_helpers import open_ro
 from viano_bug_analysis.cli._commands import COMMANDS
 
@@ -111,8 +111,7 @@ class TestConsoleScript:
     def test_demo_through_the_installed_entry_point(self, tmp_path: Path) -> None:
         """The console script runs the bundled demo end to end: every phase COMPLETED,
         verify clean, and the interpretation summary shown; it leaves nothing behind."""
-        proc = subprocess.run([PYTHON, "-c", "from viano_bug_analysis.cli import run; run()",
-                               "demo", "--json"], capture_output=True, text=True,
+        proc = subprocess.run([*VIANO, "demo", "--json"], capture_output=True, text=True,
                               env=child_env(), cwd=tmp_path, timeout=120, check=False)
         assert proc.returncode == 0, proc.stderr
         doc = json.loads(proc.stdout)
@@ -122,6 +121,43 @@ class TestConsoleScript:
         assert "# Case interpretation: `BUG-20`, revision 1" in doc["interpretation_summary"]
         assert "first known divergence" in doc["interpretation_summary"]
         assert list(tmp_path.iterdir()) == []
+
+    def test_the_console_script_is_the_small_entry_module(self) -> None:
+        from importlib.metadata import entry_points
+
+        (script,) = entry_points(group="console_scripts", name="viano")
+        assert script.value == "viano_main:run"
+
+    # Ctrl-C while the command line is still being imported: ``os.kill`` to itself just as
+    # the import starts, which is the moment a user's early Ctrl-C lands in.
+    EARLY_CTRL_C = """
+import builtins, os, signal, sys
+real = builtins.__import__
+def hit(name, *args, **kwargs):
+    if name == "viano_bug_analysis.cli" and not hit.done:
+        hit.done = True
+        os.kill(os.getpid(), signal.SIGINT)
+    return real(name, *args, **kwargs)
+hit.done = False
+builtins.__import__ = hit
+from viano_main import run
+run()
+"""
+
+    @pytest.mark.parametrize("as_json", [True, False])
+    def test_ctrl_c_before_the_command_starts(self, tmp_path: Path, as_json: bool) -> None:
+        store = tmp_path / "s"
+        proc = subprocess.run([PYTHON, "-c", self.EARLY_CTRL_C, "status", "--store", store,
+                               *(["--json"] if as_json else [])], capture_output=True,
+                              text=True, env=child_env(), timeout=120, check=False)
+        assert proc.returncode == 130, proc.stderr
+        assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr
+        assert "error[interrupted]" in proc.stderr and "nothing was done" in proc.stderr
+        if as_json:
+            assert json.loads(proc.stdout)["error"]["reason"] == "interrupted"
+        else:
+            assert proc.stdout == ""
+        assert not store.exists()
 
 
 class TestPhaseCommands:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine import CaseStatus, iso_utc
-from tests.conftest import PYTHON, REPO, Cli, child_env, run_viano, snapshot
+from tests.conftest import REPO, VIANO, Cli, child_env, run_viano, snapshot
 
 
 def _fixture_config(tmp: Path, sample: Path, *, path: Path | None = None) -> Path:
@@ -247,7 +247,7 @@ class TestOutputStaysReadable:
         store = tmp_path / "s"
         _intake(cli, store, sample)
         zip_bytes = (sample / "wowdiag.zip").read_bytes()
-        piped = subprocess.run([PYTHON, "-c", "from viano_bug_analysis.cli import run; run()",
+        piped = subprocess.run([*VIANO,
                                 "cat", "--store", str(store), "BUG-20", "inputs/wowdiag.zip"],
                                capture_output=True, env=child_env(), cwd=REPO, check=False)
         assert piped.returncode == 0 and piped.stdout == zip_bytes
@@ -263,7 +263,7 @@ def _on_a_terminal(args: list[str]) -> tuple[int, bytes]:
     """``viano ARGS`` with stdout and stderr on a pseudo-terminal; its exit code and all it
     wrote there."""
     leader, follower = pty.openpty()
-    proc = subprocess.Popen([PYTHON, "-c", "from viano_bug_analysis.cli import run; run()",
+    proc = subprocess.Popen([*VIANO,
                              *args], stdout=follower, stderr=follower, env=child_env(),
                             cwd=REPO)
     os.close(follower)

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from engine import CaseLocked
-from tests.conftest import PYTHON, Cli, child_env
+from tests.conftest import VIANO, Cli, child_env
 from tests.test_store_integrity import _wait_for
 from viano_bug_analysis.cli._context import LOCKED_TRIES, LOCKED_WAIT_S, waiting_for_the_case
 
@@ -77,7 +77,7 @@ def test_the_same_command_twice_at_once_both_succeed(cli: Cli, sample: Path, tmp
     assert cli("intake", "--store", target, "--report", sample / "report.json",
                "--case-id", "OTHER-1").code == 0
     marker = tmp_path / "paused"
-    viano = [PYTHON, "-c", "from viano_bug_analysis.cli import run; run()", *args]
+    viano = [*VIANO, *args]
     first = subprocess.Popen(viano, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=child_env(VIANO_PAUSE_AT="txn.before_commit",
                                            VIANO_PAUSE_FILE=str(marker)))

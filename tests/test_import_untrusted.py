@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.conftest import Cli, snapshot
+from tests.conftest import VIANO, Cli, snapshot
 from tests.store_helpers import forge_generation
 
 pytestmark = pytest.mark.usefixtures("backend")
@@ -572,7 +572,7 @@ class TestAHugeDocument:
         import subprocess
 
         from engine._config import MAX_DOCUMENT_BYTES
-        from tests.conftest import PYTHON, child_env
+        from tests.conftest import child_env
 
         assert HUGE_DOCUMENT > MAX_DOCUMENT_BYTES
         good = TestPhaseHistories._analysed(cli, sample, tmp_path)
@@ -608,7 +608,7 @@ class TestAHugeDocument:
                     out.write(chunk)
         (tmp_path / "crafted.zip").unlink()
         dest = tmp_path / "dest"
-        proc = subprocess.run([PYTHON, "-c", "from viano_bug_analysis.cli import run; run()",
+        proc = subprocess.run([*VIANO,
                                "import", "--json", "--store", str(dest), str(huge)],
                               capture_output=True, text=True, env=child_env(), timeout=300,
                               preexec_fn=_limit_address_space, check=False)

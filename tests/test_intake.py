@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests import archives as A
-from tests.conftest import PYTHON, Cli, child_env
+from tests.conftest import VIANO, Cli, child_env
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -68,7 +68,7 @@ class TestSampleCase:
             "--attach", f"source={sample / 'wowsrc.zip'}")
         for name in ("report.json", "wowdiag.zip", "wowsrc.zip"):
             proc = subprocess.run(
-                [PYTHON, "-c", "from viano_bug_analysis.cli import run; run()", "cat",
+                [*VIANO, "cat",
                  "--store", str(store_dir), "BUG-20", f"inputs/{name}"],
                 capture_output=True, env=child_env(), timeout=60, check=False)
             assert proc.returncode == 0, proc.stderr

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from engine import IntakeLimits
-from tests.conftest import child_env, run_viano
+from tests.conftest import VIANO, child_env, run_viano
 from viano_bug_analysis.cli._intake_commands import IN_FLIGHT
 
 REPORTS = Path(__file__).parent / "fixtures" / "reports"
@@ -236,11 +236,10 @@ def test_ctrl_c_reports_exactly_what_the_store_holds(tmp_path: Path) -> None:
     import signal
     import subprocess
 
-    from tests.conftest import PYTHON
 
     folder = _folder(tmp_path, 2500)
     store = tmp_path / "s"
-    proc = subprocess.Popen([PYTHON, "-c", "from viano_bug_analysis.cli import run; run()",
+    proc = subprocess.Popen([*VIANO,
                              "intake", "--json", "--store", str(store), "--batch",
                              str(folder)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=child_env())

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PYTHON, child_env, run_viano
+from tests.conftest import VIANO, child_env, run_viano
 from tests.loopback.process import Provider, start_provider
 from tests.phase_helpers import FIXTURES, SAMPLE
 
@@ -149,7 +149,7 @@ class TestSigkill:
         _intake(store)
         try:
             proc = subprocess.Popen(
-                [PYTHON, "-c", "from viano_bug_analysis.cli import run; run()", "interpret",
+                [*VIANO, "interpret",
                  "BUG-20", "--store", str(store), "--config", str(_config(tmp_path,
                                                                             slow.port))],
                 env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -184,7 +184,7 @@ class TestTwoProcesses:
         cfg = _config(tmp_path, provider.port)
         marker = tmp_path / "paused"
         a = subprocess.Popen(
-            [PYTHON, "-c", "from viano_bug_analysis.cli import run; run()", "interpret",
+            [*VIANO, "interpret",
              "BUG-20", "--json", "--store", str(store), "--config", str(cfg)],
             env=_env(VIANO_PAUSE_AT="phase.entered", VIANO_PAUSE_FILE=str(marker)),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -12,7 +12,7 @@ import trio
 
 from actors import open_store
 from engine import BytesSource, Change, PublishRequest
-from tests.conftest import Cli, child_env, run_viano, snapshot
+from tests.conftest import VIANO, Cli, child_env, run_viano, snapshot
 from tests.store_helpers import open_ro
 
 pytestmark = pytest.mark.usefixtures("backend")
@@ -209,7 +209,6 @@ class TestAKilledExport:
         import time
 
         from engine._portable import ABANDONED_AFTER_S
-        from tests.conftest import PYTHON
         from tests.test_store_integrity import _wait_for
 
         store, out = tmp_path / "s", tmp_path / "out"
@@ -217,7 +216,7 @@ class TestAKilledExport:
         assert cli("intake", "--store", store, "--report", sample / "report.json").code == 0
         marker = tmp_path / "paused"
         first = subprocess.Popen(
-            [PYTHON, "-c", "from viano_bug_analysis.cli import run; run()", "export",
+            [*VIANO, "export",
              "--store", str(store), "BUG-20", str(out / "a.zip")],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=child_env(VIANO_PAUSE_AT="export.written", VIANO_PAUSE_FILE=str(marker)))

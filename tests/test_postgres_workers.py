@@ -19,7 +19,7 @@ import pytest
 
 from engine import open_backend
 from tests.batch_helpers import loopback_toml, write_generic_answers
-from tests.conftest import PYTHON, child_env, run_viano
+from tests.conftest import VIANO, child_env, run_viano
 from tests.invariants import overlapping_calls, store_violations, worker_of
 from tests.loopback.process import start_provider
 
@@ -69,7 +69,7 @@ def test_four_daemons_share_one_store_and_take_over_a_killed_one(
         for w in range(WORKERS):
             log = (tmp_path / f"worker-{w}.err").open("w")
             procs.append(subprocess.Popen(
-                [PYTHON, "-c", "from viano_bug_analysis.cli import run; run()", "daemon",
+                [*VIANO, "daemon",
                  "--config", str(configs[w]), "--concurrency", "16", "--poll-s", "0.2"],
                 stdout=subprocess.DEVNULL, stderr=log, text=True, env=child_env()))
             log.close()

@@ -11,7 +11,7 @@ import select
 import subprocess
 from pathlib import Path
 
-from tests.conftest import PYTHON, child_env, run_viano
+from tests.conftest import VIANO, child_env, run_viano
 from viano_bug_analysis import bundled_sample
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -21,7 +21,7 @@ def _on_a_terminal(*args: str | os.PathLike[str], env: dict[str, str]) -> tuple[
                                                                                  str]:
     """Run viano with stderr on a pseudo-terminal; (exit code, stdout, terminal text)."""
     leader, follower = pty.openpty()
-    proc = subprocess.Popen([PYTHON, "-c", "from viano_bug_analysis.cli import run; run()",
+    proc = subprocess.Popen([*VIANO,
                              *[str(a) for a in args]], stdout=subprocess.PIPE,
                             stderr=follower, stdin=subprocess.DEVNULL, env=env)
     os.close(follower)

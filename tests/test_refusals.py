@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests import archives as A
-from tests.conftest import PYTHON, Cli, child_env, run_viano, snapshot, unprivileged
+from tests.conftest import PYTHON, VIANO, Cli, child_env, run_viano, snapshot, unprivileged
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -118,7 +118,7 @@ class TestInternalErrorsThatAreRefusals:
         report = tmp_path / "r.txt"
         report.write_text("t\n")
         proc = subprocess.run([os.fsencode(PYTHON), b"-c",
-                               b"from viano_bug_analysis.cli import run; run()", b"intake",
+                               b"from viano_main import run; run()", b"intake",
                                b"--json", b"--store", os.fsencode(tmp_path / "s"),
                                b"--report", os.fsencode(report), b"--attach", bad],
                               capture_output=True, env=child_env(), timeout=120, check=False)
@@ -181,7 +181,7 @@ class TestInternalErrorsThatAreRefusals:
         is no traceback, although the reader went away."""
         read, write = os.pipe()
         os.close(read)  # the reader has gone before we write anything
-        proc = subprocess.run([PYTHON, "-c", "from viano_bug_analysis.cli import run; run()",
+        proc = subprocess.run([*VIANO,
                                "intake", "--store", str(tmp_path / "s"), "--report",
                                str(sample / "report.json"), "--attach",
                                f"diagnostics={sample / 'wowdiag.zip'}"],

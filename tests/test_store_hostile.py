@@ -295,7 +295,7 @@ class TestNonUtf8Paths:
 
         def viano(*args: bytes) -> subprocess.CompletedProcess[bytes]:
             return subprocess.run([os.fsencode(PYTHON), b"-c",
-                                   b"from viano_bug_analysis.cli import run; run()", *args,
+                                   b"from viano_main import run; run()", *args,
                                    b"--json", b"--store", store], capture_output=True,
                                   env=child_env(), timeout=120, check=False)
 
@@ -313,7 +313,7 @@ class TestNonUtf8Paths:
                          sample / "report.json").returncode == 0
         bad = os.path.join(os.fsencode(tmp_path), b"no\xffdir", b"x.zip")
         r = subprocess.run([os.fsencode(PYTHON), b"-c",
-                            b"from viano_bug_analysis.cli import run; run()", b"export",
+                            b"from viano_main import run; run()", b"export",
                             b"BUG-20", bad, b"--json", b"--store", os.fsencode(store)],
                            capture_output=True, env=child_env(), timeout=120, check=False)
         assert r.returncode == 2

@@ -16,7 +16,7 @@ import pytest
 from engine import NotAStore, NotFound, SqliteStore, StorageError
 from engine._store._sqlite_schema import CURRENT_VERSION
 from tests.conftest import (
-    PYTHON,
+    VIANO,
     Cli,
     child_env,
     make_readonly,
@@ -162,7 +162,7 @@ class TestCreation:
         """Concurrent first intakes into a new store: both land in the same index (neither
         replaces the other's new store)."""
         store = tmp_path / "new"
-        procs = [subprocess.Popen([PYTHON, "-c", "from viano_bug_analysis.cli import run; run()",
+        procs = [subprocess.Popen([*VIANO,
                                    "intake", "--store", str(store), "--report",
                                    str(sample / "report.json"), "--case-id", f"C-{i}"],
                                   env=child_env(), stdout=subprocess.DEVNULL,

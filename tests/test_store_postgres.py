@@ -164,7 +164,7 @@ class TestOpening:
     def test_without_the_driver_the_refusal_names_the_extra(self, tmp_path: Path,
                                                             pg_url: str) -> None:
         code = ("import sys; sys.modules['psycopg'] = None\n"
-                "from viano_bug_analysis.cli import run; run()")
+                "from viano_main import run; run()")
         r = subprocess.run([PYTHON, "-c", code, "status", "--json", "--store", pg_url,
                             "--config", str(_config(tmp_path, pg_url, tmp_path / "b"))],
                            capture_output=True, text=True, env=child_env(), timeout=60,

@@ -30,6 +30,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report(out, _cause(exc))
 
 
+def interrupted_at_start(argv: Sequence[str]) -> int:
+    """Ctrl-C came while the command line was being imported (``viano_main``): reported
+    as any interruption is, before anything was done."""
+    error = VianoError("interrupted before the command started: nothing was done",
+                       reason="interrupted", hint="Run the command again.")
+    error.exit_code = EXIT_INTERRUPTED
+    Output(as_json="--json" in argv).error(error)
+    return EXIT_INTERRUPTED
+
+
 def _cause(exc: BaseException) -> BaseException:
     """What a command failed of: the error itself, or, for an exception group (a failure
     inside a nursery), its first leaf that is not a cancellation."""

@@ -294,13 +294,9 @@ class SqliteStore:
                     refused: list[VianoError | None], inline: dict[str, bytes]
                     ) -> tuple[PlanInput, dict[str, tuple[int, int]]]:
         pkgs = sorted({r.package_id for r in requests})
-        heads: dict[str, Head] = {}
+        refs, head_rows, damaged, lost = chain.heads(conn, pkgs)
+        heads: dict[str, Head] = {pkg: head_from_row(row) for pkg, row in refs.items()}
         owners: dict[str, str] = {}
-        for chunk in chunks(pkgs, 500):
-            marks = ",".join("?" * len(chunk))
-            for row in conn.execute(f"SELECT {REF_COLUMNS} FROM refs WHERE package_id IN "
-                                    f"({marks})", chunk):
-                heads[row[1]] = head_from_row(row)
         # Who owns a case matters only to a request whose package has no head (a new
         # package must not take a case another package holds): look up only those.
         cases = sorted({r.case_id for r in requests if r.package_id not in heads})
@@ -309,7 +305,6 @@ class SqliteStore:
             for case, pkg in conn.execute(
                     f"SELECT case_id, package_id FROM refs WHERE case_id IN ({marks})", chunk):
                 owners[case] = pkg
-        head_rows, damaged, lost = chain.heads(conn, pkgs)
         for i, req in enumerate(requests):
             if refused[i] is None and req.package_id in damaged:
                 refused[i] = StorageError(

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._errors import StorageError
-from ._common import stored_bytes
+from ._common import REF_COLUMNS, stored_bytes
 from ._plan import BatchRows, GenerationRow
 
 NO_PARENT = 0
@@ -141,35 +141,42 @@ def counts(conn: sqlite3.Connection) -> dict[str, int]:
                              "GROUP BY package_id").fetchall())
 
 
+_REFS = ", ".join(f"r.{c.strip()}" for c in REF_COLUMNS.split(","))
+
+
 def heads(conn: sqlite3.Connection, packages: Sequence[str]
-          ) -> tuple[dict[str, tuple[int, int]], set[str], set[str]]:
-    """For a batch's packages, in its write transaction: the head's (generation, row id)
-    of each package whose ref names a row holding its head; the packages whose ref does
-    not (damaged: a write on top is refused); and the packages with no ref that have rows
-    all the same (their generation 1 exists: the index lost the ref, and a new history
-    must not be written beside the old one)."""
+          ) -> tuple[dict[str, Sequence[Any]], dict[str, tuple[int, int]], set[str], set[str]]:
+    """For a batch's packages, in its write transaction, in one read of the case index:
+    each package's row of ``REF_COLUMNS``; the head's (generation, row id) of each package
+    whose ref names a row holding its head; the packages whose ref does not (damaged: a
+    write on top is refused); and the packages with no ref that have rows all the same
+    (their generation 1 exists: the index lost the ref, and a new history must not be
+    written beside the old one)."""
+    refs: dict[str, Sequence[Any]] = {}
     good: dict[str, tuple[int, int]] = {}
     damaged: set[str] = set()
     lost: set[str] = set()
+    width = REF_COLUMNS.count(",") + 1
     for i in range(0, len(packages), 500):
         part = packages[i:i + 500]
         marks = ",".join("?" * len(part))
-        seen = set()
-        for pkg, gen, row_id, row_pkg, row_gen in conn.execute(
-                f"SELECT r.package_id, r.generation, r.head_row, g.package_id, g.generation "
+        for row in conn.execute(
+                f"SELECT {_REFS}, r.head_row, g.package_id, g.generation "
                 f"FROM refs r LEFT JOIN generations g ON g.id = r.head_row "
                 f"WHERE r.package_id IN ({marks})", part):
-            seen.add(pkg)
+            pkg, gen = row[1], row[2]
+            refs[pkg] = row[:width]
+            row_id, row_pkg, row_gen = row[width:]
             if row_pkg == pkg and row_gen == gen and type(row_id) is int:
                 good[pkg] = (gen, row_id)
             else:
                 damaged.add(pkg)
-        rest = [p for p in part if p not in seen]
+        rest = [p for p in part if p not in refs]
         if rest:
             lost.update(r[0] for r in conn.execute(
                 f"SELECT package_id FROM generations WHERE generation = 1 AND package_id IN "
                 f"({','.join('?' * len(rest))})", rest))
-    return good, damaged, lost
+    return refs, good, damaged, lost
 
 
 def head_row(head_rows: dict[str, tuple[int, int]], package_id: str, generation: int

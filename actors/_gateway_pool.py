@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import ssl
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -95,6 +96,7 @@ class GatewayPool:
         self.rng = rng or random.Random()
         self.redactor = Redactor()
         self.states: list[ProviderState] = []
+        self._tls: ssl.SSLContext | None = None
         self.stats: dict[str, ProviderStats] = {}
         for p in providers:
             secret = env.get(p.api_key_env) if p.api_key_env else None
@@ -120,10 +122,12 @@ class GatewayPool:
                                                           p.timeout_s)).as_dict()
         if transport is not None:
             return Shard(transport, timeouts, owned=False)
+        if self._tls is None:  # one for every shard: building one loads the CA bundle
+            self._tls = httpx.create_ssl_context(trust_env=False)
         return Shard(httpx.AsyncHTTPTransport(
-            limits=httpx.Limits(max_connections=connections,
-                                max_keepalive_connections=connections), trust_env=False),
-            timeouts, owned=True)
+            verify=self._tls, limits=httpx.Limits(max_connections=connections,
+                                                  max_keepalive_connections=connections),
+            trust_env=False), timeouts, owned=True)
 
     async def aclose(self) -> None:
         with trio.move_on_after(CLOSE_TIMEOUT_S, shield=True):

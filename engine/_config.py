@@ -35,24 +35,37 @@ def _finite(attribute: attrs.Attribute[Any], value: Any) -> None:
         raise ValueError(f"{attribute.name} must be a finite number, got {value}")
 
 
-def _positive(_inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    _finite(attribute, value)
-    if not value > 0:
-        raise ValueError(f"{attribute.name} must be positive, got {value}")
+# Upper bounds of the numbers a configuration may set. Each is far above any sensible
+# value and low enough that everything computed from it stays representable and cheap:
+# a due time within the calendar, a read buffer that can be allocated, a round count a
+# store row holds, a gateway that starts at once. A new number needs its range here.
+MAX_COUNT = 1_000_000
+MAX_SECONDS = 10 * 365 * 86400  # ten years: now + this is a date every platform holds
+MAX_BYTES = 2**62  # what a store's size columns hold
 
 
-def _non_negative(_inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    _finite(attribute, value)
-    if not value >= 0:
-        raise ValueError(f"{attribute.name} must not be negative, got {value}")
+def _number(default: float, low: float, high: float, *, above: bool = False) -> Any:
+    """A number field from ``low`` (exclusive if ``above``) to ``high``, finite; its range
+    is kept in the field's metadata, so the tests can try both ends of every field."""
+    def check(_inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        _finite(attribute, value)
+        if not ((value > low) if above else (value >= low)) or not value <= high:
+            start = f"more than {low:g}" if above else f"from {low:g}"
+            raise ValueError(f"{attribute.name} must be {start} to {high:g}, got {value}")
+    return attrs.field(default=default, validator=check,
+                       metadata={"range": (low, high, above)})
 
 
-def _lease(_inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    """A lease is renewed every lease_s / 3 and a dead worker's cases wait lease_s: under
-    1 s renewals would flood the database, over a day a crash would stall its cases."""
-    _finite(attribute, value)
-    if not 1 <= value <= 86400:
-        raise ValueError(f"{attribute.name} must be from 1 to 86400 seconds, got {value}")
+def _count(default: int, high: int = MAX_COUNT, low: int = 1) -> Any:
+    return _number(default, low, high)
+
+
+def _bytes(default: int, high: int = MAX_DOCUMENT_BYTES) -> Any:
+    return _number(default, 1, high)
+
+
+def _seconds(default: float, high: float = MAX_SECONDS, *, zero: bool = False) -> Any:
+    return _number(default, 0, high, above=not zero)
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -68,17 +81,17 @@ def _env_name(_inst: Any, attribute: attrs.Attribute[Any], value: str | None) ->
 
 @attrs.frozen
 class HypothesisLimits:
-    max_context_bytes: int = attrs.field(default=1_048_576, validator=_positive)
-    max_prior_generations: int = attrs.field(default=32, validator=_positive)
-    max_output_bytes: int = attrs.field(default=2_097_152, validator=_positive)
-    max_summary_bytes: int = attrs.field(default=2_097_152, validator=_positive)
+    max_context_bytes: int = _bytes(1_048_576)
+    max_prior_generations: int = _count(32, 100_000)
+    max_output_bytes: int = _bytes(2_097_152)
+    max_summary_bytes: int = _bytes(2_097_152)
 
 
 @attrs.frozen
 class HypothesisPolicy:
-    min_hypotheses: int = attrs.field(default=3, validator=_positive)
-    max_hypotheses: int = attrs.field(default=5, validator=_positive)
-    initial_budget: int = attrs.field(default=100, validator=_positive)
+    min_hypotheses: int = _count(3, 1000)
+    max_hypotheses: int = _count(5, 1000)
+    initial_budget: int = _count(100, 10**12)
     limits: HypothesisLimits = attrs.field(factory=HypothesisLimits)
 
     def __attrs_post_init__(self) -> None:
@@ -94,11 +107,11 @@ class InterpretationLimits:
     bounded by design (each to ``max_excerpt_bytes``, all together to
     ``max_excerpts_total_bytes``) and the context records exactly what was excerpted."""
 
-    max_context_bytes: int = attrs.field(default=1_048_576, validator=_positive)
-    max_excerpt_bytes: int = attrs.field(default=8_192, validator=_positive)
-    max_excerpts_total_bytes: int = attrs.field(default=262_144, validator=_positive)
-    max_output_bytes: int = attrs.field(default=2_097_152, validator=_positive)
-    max_summary_bytes: int = attrs.field(default=2_097_152, validator=_positive)
+    max_context_bytes: int = _bytes(1_048_576)
+    max_excerpt_bytes: int = _bytes(8_192)
+    max_excerpts_total_bytes: int = _bytes(262_144)
+    max_output_bytes: int = _bytes(2_097_152)
+    max_summary_bytes: int = _bytes(2_097_152)
 
 
 @attrs.frozen
@@ -109,9 +122,9 @@ class InterpretationPolicy:
 
 @attrs.frozen
 class RetryPolicy:
-    max_rounds: int = attrs.field(default=10, validator=_positive)
-    base_delay_s: float = attrs.field(default=30.0, validator=_positive)
-    max_delay_s: float = attrs.field(default=3600.0, validator=_positive)
+    max_rounds: int = _count(10)
+    base_delay_s: float = _seconds(30.0)
+    max_delay_s: float = _seconds(3600.0)
 
     def __attrs_post_init__(self) -> None:
         if self.base_delay_s > self.max_delay_s:
@@ -123,11 +136,11 @@ class RetryPolicy:
 class IntakeLimits:
     """Limits applied to every archive read (intake and import)."""
 
-    max_members: int = attrs.field(default=20_000, validator=_positive)
-    max_member_bytes: int = attrs.field(default=268_435_456, validator=_positive)
-    max_total_bytes: int = attrs.field(default=1_073_741_824, validator=_positive)
-    max_compression_ratio: float = attrs.field(default=200.0, validator=_positive)
-    max_report_bytes: int = attrs.field(default=16_777_216, validator=_positive)
+    max_members: int = _count(20_000)
+    max_member_bytes: int = _bytes(268_435_456, MAX_BYTES)
+    max_total_bytes: int = _bytes(1_073_741_824, MAX_BYTES)
+    max_compression_ratio: float = _number(200.0, 0, 1e6, above=True)
+    max_report_bytes: int = _bytes(16_777_216)
 
     def __attrs_post_init__(self) -> None:
         if self.max_report_bytes > MAX_DOCUMENT_BYTES:
@@ -151,9 +164,9 @@ class ProviderConfig:
     model: str = ""
     api_key_env: str | None = attrs.field(default=None, validator=_env_name)
     path: str | None = None
-    timeout_s: float = attrs.field(default=120.0, validator=_positive)
-    retries: int = attrs.field(default=2, validator=_non_negative)
-    max_concurrency: int = attrs.field(default=8, validator=_positive)
+    timeout_s: float = _seconds(120.0, 86400)
+    retries: int = _count(2, 100, low=0)
+    max_concurrency: int = _count(8, 4096)
 
     def __attrs_post_init__(self) -> None:
         if not self.name.strip():
@@ -169,14 +182,14 @@ class ProviderConfig:
 class GatewayConfig:
     """How the gateway retries within a round (the round itself is never slept across)."""
 
-    connect_timeout_s: float = attrs.field(default=10.0, validator=_positive)
-    backoff_base_s: float = attrs.field(default=0.5, validator=_positive)
-    backoff_max_s: float = attrs.field(default=8.0, validator=_positive)
-    retry_after_cap_s: float = attrs.field(default=30.0, validator=_non_negative)
-    cooldown_after: int = attrs.field(default=3, validator=_positive)
-    cooldown_s: float = attrs.field(default=60.0, validator=_non_negative)
-    max_connections: int = attrs.field(default=16, validator=_positive)
-    max_output_bytes: int = attrs.field(default=2_097_152, validator=_positive)
+    connect_timeout_s: float = _seconds(10.0, 3600)
+    backoff_base_s: float = _seconds(0.5, 3600)
+    backoff_max_s: float = _seconds(8.0, 3600)
+    retry_after_cap_s: float = _seconds(30.0, 86400, zero=True)
+    cooldown_after: int = _count(3)
+    cooldown_s: float = _seconds(60.0, 86400, zero=True)
+    max_connections: int = _count(16, 1024)
+    max_output_bytes: int = _bytes(2_097_152)
 
 
 @attrs.frozen
@@ -185,7 +198,9 @@ class StoreConfig:
 
     url: str | None = None
     blob_root: str | None = None
-    lease_s: float = attrs.field(default=30.0, validator=_lease)
+    # Renewed every lease_s / 3, and a dead worker's cases wait lease_s: under 1 s the
+    # renewals would flood the database, over a day a crash would stall its cases.
+    lease_s: float = _number(30.0, 1, 86400)
 
 
 @attrs.frozen

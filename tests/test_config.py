@@ -107,30 +107,92 @@ class TestWhatIsNotAConfigFile:
         assert info.value.reason == "config_invalid"
 
 
-NUMBERS = [("hypotheses", "min_hypotheses"), ("hypotheses.limits", "max_context_bytes"),
-           ("retry", "base_delay_s"), ("retry", "max_delay_s"), ("retry", "max_rounds"),
-           ("intake.limits", "max_compression_ratio"), ("intake.limits", "max_members"),
-           ("gateway", "backoff_base_s"), ("gateway", "retry_after_cap_s"),
-           ("gateway", "cooldown_s"), ("interpretation.limits", "max_context_bytes"),
-           ("store", "lease_s")]
+def _numeric_fields() -> list[tuple[str, str, type, tuple[float, float, bool] | None]]:
+    """Every number a configuration file can set: (table, key, type, range), found by
+    walking the config classes, so a number added later is covered without a list here.
+    The table "providers" stands for a ``[[providers]]`` entry."""
+    import typing
+
+    import attrs
+
+    from engine import ProviderConfig
+
+    out = []
+
+    def walk(cls: type, table: str) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in attrs.fields(cls):
+            kind = hints[f.name]
+            if attrs.has(kind):
+                walk(kind, f"{table}.{f.name}" if table else f.name)
+            elif kind in (int, float):
+                out.append((table, f.name, kind, f.metadata.get("range")))
+
+    walk(Config, "")
+    walk(ProviderConfig, "providers")
+    return out
+
+
+NUMBERS = _numeric_fields()
+
+
+def _setting(table: str, key: str, value: str) -> str:
+    if table == "providers":
+        return f'[[providers]]\nname = "a"\nkind = "fixture"\npath = "f"\n{key} = {value}\n'
+    return f"[{table}]\n{key} = {value}\n"
+
+
+def test_the_walk_finds_the_numbers() -> None:
+    found = {(t, k) for t, k, _, _ in NUMBERS}
+    assert {("retry", "max_rounds"), ("providers", "max_concurrency"), ("store", "lease_s"),
+            ("hypotheses.limits", "max_output_bytes"), ("gateway", "cooldown_s")} <= found
+    assert len(found) >= 30
 
 
 class TestNonFiniteNumbers:
     @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "+nan"])
-    @pytest.mark.parametrize("table,key", NUMBERS)
+    @pytest.mark.parametrize(("table", "key"), [(t, k) for t, k, _, _ in NUMBERS])
     def test_nan_and_inf_are_refused_wherever_a_number_is_read(
             self, tmp_path: Path, table: str, key: str, value: str) -> None:
         """TOML allows nan and inf; no count, size, delay or ratio means either."""
         with pytest.raises(ConfigError) as info:
-            _load(tmp_path, f"[{table}]\n{key} = {value}\n")
+            _load(tmp_path, _setting(table, key, value))
         assert key in info.value.message
 
-    @pytest.mark.parametrize("value", ["nan", "inf"])
-    def test_provider_numbers_too(self, tmp_path: Path, value: str) -> None:
-        """A provider's timeout is a number like any other."""
-        with pytest.raises(ConfigError, match="timeout_s"):
-            _load(tmp_path, f'[[providers]]\nname = "a"\nkind = "fixture"\npath = "f"\n'
-                            f"timeout_s = {value}\n")
+
+class TestEveryNumberHasARange:
+    """A number with no upper bound was accepted and then broke what was computed from it
+    after work had begun: max_rounds past 2**62 a store row could not hold (a generation
+    written, every dispatch calling the model again), a delay past the calendar, an output
+    limit no buffer could be allocated for, a concurrency no gateway could start. Every
+    number has a range, and both sides of it are refused before anything runs."""
+
+    @pytest.mark.parametrize(("table", "key", "kind", "limits"), NUMBERS)
+    def test_out_of_range_is_refused(self, tmp_path: Path, table: str, key: str,
+                                     kind: type, limits: tuple[float, float, bool] | None
+                                     ) -> None:
+        assert limits is not None, f"{table}.{key} has no range (engine/_config.py)"
+        low, high, above = limits
+        too_big = high + 1 if kind is int else high * 2
+        too_small = low if above else low - 1
+        for value in (too_big, too_small, 2**63, -(2**63)):
+            text = repr(value) if kind is int else repr(float(value))
+            with pytest.raises(ConfigError) as info:
+                _load(tmp_path, _setting(table, key, text))
+            assert key in info.value.message and info.value.reason == "config_invalid"
+
+    @pytest.mark.parametrize(("table", "key", "kind", "limits"), NUMBERS)
+    def test_both_ends_are_accepted(self, tmp_path: Path, table: str, key: str, kind: type,
+                                    limits: tuple[float, float, bool] | None) -> None:
+        assert limits is not None
+        low, high, above = limits
+        ends = [high] if above else [low, high]
+        for value in ends:
+            text = repr(int(value)) if kind is int else repr(float(value))
+            try:
+                _load(tmp_path, _setting(table, key, text))
+            except ConfigError as exc:  # only a rule between two fields may refuse it
+                assert "exceeds" in exc.message, exc.message
 
 
 class TestApiKeyEnv:

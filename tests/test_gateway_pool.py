@@ -236,6 +236,26 @@ class TestShards:
             assert sum(peak.values()) >= 10  # the limiter's 10 slots were all used
             assert state.in_flight == [0, 0, 0] and state.limiter.borrowed_tokens == 0
 
+    async def test_every_shard_shares_one_tls_context(self, monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+        """Building a TLS context loads the CA bundle (~3 ms); a transport built without
+        one builds its own, so 256 shards (max_concurrency 4096) took 12 s to start."""
+        made: list[object] = []
+        real = httpx.create_ssl_context
+
+        def counted(*args: object, **kwargs: object) -> object:
+            made.append(real(*args, **kwargs))  # type: ignore[arg-type]
+            return made[-1]
+
+        monkeypatch.setattr(httpx, "create_ssl_context", counted)
+        monkeypatch.setattr("httpx._transports.default.create_ssl_context", counted)
+        p = provider("a", "openai", "https://a.invalid/v1", max_concurrency=4096)
+        q = provider("b", "anthropic", "https://b.invalid/v1", max_concurrency=64)
+        async with open_gateway([p, q], GatewayConfig(), environ=ENV) as gw:
+            shards = [s for state in gw.pool.states for s in state.shards]
+            assert len(shards) == 256 + 4
+        assert len({id(ctx) for ctx in made}) == 1  # (given a context, it returns that one)
+
 
 class TestCancellation:
     async def test_cancelled_requesters_leak_no_slot(self, nursery: trio.Nursery) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import attrs
 import httpx
@@ -155,9 +155,9 @@ def fixture_attempt(ctx: AttemptContext) -> AttemptResult:
     root = Path(ctx.provider.path or ".") / ctx.prompt.prompt_id
     for candidate in (root / f"{ctx.prompt.case_id}.json", root / "default.json"):
         if ctx.prompt.case_id and "/" not in ctx.prompt.case_id and candidate.is_file():
-            try:  # no more than the limit is read, whatever the file's size
+            try:
                 with open_regular(candidate) as f:
-                    raw = f.read(ctx.max_output_bytes + 1)
+                    raw = _read_at_most(f, ctx.max_output_bytes + 1)
             except OSError as exc:
                 return AttemptResult(make_record(
                     ctx, None, started, started_at, failure=FailureClass.CONFIGURATION,
@@ -181,6 +181,17 @@ def fixture_attempt(ctx: AttemptContext) -> AttemptResult:
     return _check_content(ctx, content, lambda masked, parsed: AttemptResult(make_record(
         ctx, None, started, started_at, status=200, body=raw, failure=None, detail="ok"),
         content=masked, parsed=parsed), invalid)
+
+
+def _read_at_most(f: BinaryIO, limit: int) -> bytes:
+    """Up to ``limit`` bytes, read in pieces: no more than that is read whatever the file's
+    size, and no buffer larger than what was read is asked for whatever the limit."""
+    parts: list[bytes] = []
+    size = 0
+    while size < limit and (part := f.read(min(1 << 20, limit - size))):
+        parts.append(part)
+        size += len(part)
+    return b"".join(parts)
 
 
 def _snake(name: str) -> str:

@@ -305,6 +305,37 @@ class TestBatch:
         assert unknown.returncode == 2 and "unknown_case" in unknown.stderr
 
 
+class TestTheReaderGoesAway:
+    """``viano batch | head -1``: the lines were a report of the work, not the work. It
+    went on to the end (the same exit as with a reader), where it used to stop at the
+    first line it could not write and exit 0 with most cases untouched."""
+
+    async def test_batch_finishes_every_case(self, tmp_path: Path, answers: Path) -> None:
+        provider = Provider(tmp_path, answers)
+        try:
+            store = tmp_path / "s"
+            ids = [f"P-{i}" for i in range(12)]
+            await _intake(store, tmp_path, ids)
+            child = subprocess.Popen([*VIANO, "batch", "--all", "--concurrency", "2",
+                                      "--store", str(store)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True,
+                                     env=_env(_config(tmp_path, provider.port)), cwd=REPO)
+            _CHILDREN.append(child)
+            assert child.stdout is not None and child.stderr is not None
+            first = child.stdout.readline()
+            child.stdout.close()  # as head -1 does
+            rc = child.wait(timeout=120)
+            err = child.stderr.read()
+            child.stderr.close()
+        finally:
+            provider.stop()
+        assert " COMPLETED " in first, first
+        assert rc == 0, err
+        assert "Traceback" not in err and "internal_error" not in err, err
+        assert _completed_in(store) == set(ids)
+        _one_batch_each(store, ids)
+
+
 class TestHeldElsewhere:
     async def test_a_case_held_by_another_process_is_reported_once_while_it_waits(
             self, tmp_path: Path, slow_provider: Provider) -> None:

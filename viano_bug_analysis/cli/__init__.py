@@ -12,7 +12,7 @@ from engine import EXIT_INTERRUPTED, Config, VianoError, tune_collector
 from ._commands import COMMANDS
 from ._context import store_path
 from ._events import event_log
-from ._output import Output
+from ._output import Output, quiet_stdout
 from ._parser import build_parser
 
 
@@ -71,7 +71,7 @@ def _report(out: Output, exc: BaseException) -> int:
         out.error(error)
         return EXIT_INTERRUPTED
     if isinstance(exc, BrokenPipeError):
-        _quiet_stdout()
+        quiet_stdout()
         return 0
     if not isinstance(exc, Exception):
         raise exc
@@ -83,17 +83,6 @@ def _report(out: Output, exc: BaseException) -> int:
     return error.exit_code
 
 
-def _quiet_stdout() -> None:
-    """The reader went away (``viano … | head -1``). What had to be durable already is;
-    point stdout at /dev/null so the interpreter's final flush does not fail either."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError):
-        pass
-
-
 def run() -> None:
     """The console entry point: one whole process (see ``engine.tune_collector``)."""
     tune_collector()
@@ -101,5 +90,5 @@ def run() -> None:
     try:
         sys.stdout.flush()
     except BrokenPipeError:
-        _quiet_stdout()
+        quiet_stdout()
     sys.exit(code)

@@ -199,6 +199,7 @@ def check_concurrency(concurrency: int) -> None:
 
 def cmd_run(args: argparse.Namespace, out: Output, config: Config) -> int:
     require_providers(config)
+    out.outlives_reader = True
     results, summary = trio.run(lambda: _batch(args, out, config, wait=False, passes=1))
     _print_summary(out, summary, results)
     return EXIT_INTERRUPTED if summary["interrupted"] else worst_exit(
@@ -207,6 +208,7 @@ def cmd_run(args: argparse.Namespace, out: Output, config: Config) -> int:
 
 def cmd_batch(args: argparse.Namespace, out: Output, config: Config) -> int:
     require_providers(config)
+    out.outlives_reader = True
     results, summary = trio.run(lambda: _batch(args, out, config, wait=args.wait,
                                                passes=None))
     _print_summary(out, summary, results)
@@ -216,6 +218,7 @@ def cmd_batch(args: argparse.Namespace, out: Output, config: Config) -> int:
 
 def cmd_daemon(args: argparse.Namespace, out: Output, config: Config) -> int:
     require_providers(config)
+    out.outlives_reader = True
     check_concurrency(args.concurrency)
     try:
         trio.run(_daemon, args, out, config)

@@ -262,6 +262,7 @@ Done = Callable[[str, dict[str, Any]], None]  # ("taken" | "present" | "refused"
 
 
 def _bulk(args: argparse.Namespace, out: Output, config: Config) -> int:
+    out.outlives_reader = True
     total, items, skipped = _items(Path(args.batch), config.intake.limits)
     tally = _Tally()
     started = time.perf_counter()

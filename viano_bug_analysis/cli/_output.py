@@ -9,6 +9,7 @@ Rich markup; the JSON document escapes C1 controls and bidi overrides as ``\\u``
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -51,12 +52,39 @@ def _console(*, stderr: bool) -> _Console:
     return console
 
 
+def quiet_stdout() -> None:
+    """The reader went away (``viano … | head -1``): point stdout at /dev/null, so that
+    what is still written, and the interpreter's final flush, do not fail."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
 class Output:
     def __init__(self, as_json: bool):
         self.as_json = as_json
         self.out = _console(stderr=False)
         self.err = _console(stderr=True)
         self.documents = 0
+        # A command that works through many cases (batch, daemon, run, bulk intake) goes
+        # on when the reader of its lines goes away: the lines were a report of the work,
+        # not the work. Other commands stop there (what they had to write is durable).
+        self.outlives_reader = False
+        self.reader_gone = False
+
+    def _print(self, renderable: Any) -> None:
+        if self.reader_gone:
+            return
+        try:
+            self.out.print(renderable)
+        except BrokenPipeError:
+            if not self.outlives_reader:
+                raise
+            self.reader_gone = True
+            quiet_stdout()
 
     def document(self, value: Any) -> None:
         """The single JSON document of a ``--json`` run."""
@@ -72,10 +100,10 @@ class Output:
             table.add_column(col, overflow="fold")
         for row in rows:
             table.add_row(*(Text("" if v is None else terminal_safe(str(v))) for v in row))
-        self.out.print(table)
+        self._print(table)
 
     def line(self, text: str) -> None:
-        self.out.print(Text(terminal_safe(text, multiline=True)))
+        self._print(Text(terminal_safe(text, multiline=True)))
 
     def markdown(self, text: str) -> None:
         """Markdown meant to be copied or posted: its bytes as they are on a pipe or in a

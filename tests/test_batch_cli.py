@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
+import trio
 
 from actors import open_store
 from engine import IntakeLimits, prepare_intake
@@ -310,12 +311,12 @@ class TestTheReaderGoesAway:
     went on to the end (the same exit as with a reader), where it used to stop at the
     first line it could not write and exit 0 with most cases untouched."""
 
-    async def test_batch_finishes_every_case(self, tmp_path: Path, answers: Path) -> None:
+    def test_batch_finishes_every_case(self, tmp_path: Path, answers: Path) -> None:
         provider = Provider(tmp_path, answers)
         try:
             store = tmp_path / "s"
             ids = [f"P-{i}" for i in range(12)]
-            await _intake(store, tmp_path, ids)
+            trio.run(_intake, store, tmp_path, ids)
             child = subprocess.Popen([*VIANO, "batch", "--all", "--concurrency", "2",
                                       "--store", str(store)], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True,
@@ -334,6 +335,47 @@ class TestTheReaderGoesAway:
         assert "Traceback" not in err and "internal_error" not in err, err
         assert _completed_in(store) == set(ids)
         _one_batch_each(store, ids)
+
+
+# SIGTERM just before the command takes the signals over (while the engine starts): the
+# child sends it to itself as _stoppable is entered, the moment it used to be fatal.
+EARLY_SIGTERM = """
+import os, signal, sys
+import viano_bug_analysis.cli._batch_commands as commands
+real = commands._stoppable
+def early():
+    os.kill(os.getpid(), signal.SIGTERM)
+    return real()
+commands._stoppable = early
+from viano_main import run
+run()
+"""
+
+
+@pytest.mark.parametrize(("command", "code"), [("batch", 130), ("daemon", 0)])
+def test_sigterm_before_the_signals_are_taken_over(
+        tmp_path: Path, answers: Path, command: str, code: int) -> None:
+    """Reported as the interruption it is, in one JSON document, never a silent death
+    (exit 143, nothing on stdout)."""
+    provider = Provider(tmp_path, answers)
+    try:
+        store = tmp_path / "s"
+        trio.run(_intake, store, tmp_path, ["T-1"])
+        args = ["--all"] if command == "batch" else []
+        r = subprocess.run([PYTHON, "-c", EARLY_SIGTERM, "--json", command, *args,
+                            "--store", str(store)], capture_output=True, text=True,
+                           env=_env(_config(tmp_path, provider.port)), cwd=REPO,
+                           timeout=120, check=False)
+    finally:
+        provider.stop()
+    assert r.returncode == code, r.stderr
+    doc = json.loads(r.stdout)  # exactly one document
+    if command == "batch":
+        assert doc["error"]["reason"] == "interrupted", doc
+    else:
+        assert doc["summary"]["stopped_before_start"] is True, doc
+    assert "Traceback" not in r.stderr
+    assert run_viano("verify", "--store", store).returncode == 0
 
 
 class TestHeldElsewhere:

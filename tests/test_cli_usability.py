@@ -86,6 +86,18 @@ class TestMistakesAreRefused:
             os.close(reader)
         assert lines and all(json.loads(line)["ts"] for line in lines)
 
+    def test_a_log_that_cannot_be_written_never_fails_the_work(
+            self, cli: Cli, sample: Path, tmp_path: Path) -> None:
+        if not Path("/dev/full").is_char_device():
+            pytest.skip("no /dev/full here")
+        store = tmp_path / "s"
+        _intake(cli, store, sample)
+        r = cli("run", "--json", "--store", store, "--config",
+                _fixture_config(tmp_path, sample), "--log-json", "/dev/full", "--all")
+        assert r.code == 0, r.err  # waiting for a person: the same as with a good log
+        assert "internal_error" not in r.out + r.err
+        assert json.loads(r.out)["results"][0]["reason"] == "awaiting_confirmation"
+
     @pytest.mark.parametrize("where", ["store.sqlite3", "a new file", "the folder itself"])
     def test_never_inside_the_store(self, cli: Cli, sample: Path, tmp_path: Path,
                                     where: str) -> None:

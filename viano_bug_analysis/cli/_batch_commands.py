@@ -14,8 +14,8 @@ import resource
 import signal
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import trio
@@ -101,6 +101,25 @@ def _print_summary(out: Output, summary: dict[str, Any], results: list[CaseResul
                               if summary["interrupted"] else ""))
 
 
+@contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[None]:
+    """From the start of ``trio.run`` until :func:`_stoppable` takes the signals over, a
+    SIGTERM is what a Ctrl-C is (trio's own handler, which interrupts only where that is
+    safe), not the end of the process with nothing said: the command reports it as an
+    interruption (under ``--json``, in its one document)."""
+    ctrl_c = signal.getsignal(signal.SIGINT)
+    if not callable(ctrl_c):  # SIGINT ignored or default: leave SIGTERM as it is
+        yield
+        return
+    # Delivered as the SIGINT that trio's handler expects to see.
+    previous = signal.signal(signal.SIGTERM,
+                             lambda _signum, frame: ctrl_c(signal.SIGINT, frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @asynccontextmanager
 async def _stoppable() -> AsyncIterator[tuple[trio.Event, trio.CancelScope]]:
     """SIGINT and SIGTERM, taken over for the whole command: the first sets ``stop`` and
@@ -128,6 +147,13 @@ async def _batch(args: argparse.Namespace, out: Output, config: Config, *, wait:
                  passes: int | None) -> tuple[list[CaseResult], dict[str, Any]]:
     selection = _selection(args)
     check_concurrency(args.concurrency)
+    with _sigterm_as_ctrl_c():
+        return await _batch_stoppable(args, out, config, selection, wait=wait, passes=passes)
+
+
+async def _batch_stoppable(args: argparse.Namespace, out: Output, config: Config,
+                           selection: list[str] | None, *, wait: bool, passes: int | None
+                           ) -> tuple[list[CaseResult], dict[str, Any]]:
     async with _stoppable() as (stop, work):
         engine: Engine | None = None
         tally: _Tally | None = None
@@ -223,13 +249,25 @@ def cmd_daemon(args: argparse.Namespace, out: Output, config: Config) -> int:
     try:
         trio.run(_daemon, args, out, config)
     except KeyboardInterrupt:  # a signal before the daemon took the signals over
-        out.note("viano daemon stopped before it started")
+        _stopped_before_start(out)
     return 0
+
+
+def _stopped_before_start(out: Output) -> None:
+    out.note("viano daemon stopped before it started")
+    if out.as_json and not out.documents:
+        out.document({"summary": {"stopped_before_start": True, "results_by_status": {},
+                                  "interrupted_in_flight": 0}})
 
 
 async def _daemon(args: argparse.Namespace, out: Output, config: Config) -> None:
     """Until SIGTERM/SIGINT: the engine's serve loop, with its results printed (with
     ``--json``: one summary document when it stops)."""
+    with _sigterm_as_ctrl_c():
+        await _serve(args, out, config)
+
+
+async def _serve(args: argparse.Namespace, out: Output, config: Config) -> None:
     counts: Counter[str] = Counter()
     final: dict[str, Any] = {}
     async with _stoppable() as (_stop, work):
@@ -247,6 +285,7 @@ async def _daemon(args: argparse.Namespace, out: Output, config: Config) -> None
                     with trio.CancelScope(shield=True):
                         final = await _case_counts(engine)
         if engine is None:
+            _stopped_before_start(out)
             return
         in_flight = engine.interrupted  # exact now that every actor has ended
         while True:  # the results that arrived as it stopped count too

@@ -10,7 +10,7 @@ import os
 import stat
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
@@ -53,7 +53,8 @@ def event_log(target: str | None, store_root: Path | None = None) -> Iterator[No
         logger.removeHandler(handler)
         logger.setLevel(old_level)
         if stream is not sys.stderr:
-            stream.close()
+            with suppress(OSError):  # a full disk or a gone reader never fails the work
+                stream.close()
 
 
 _HINT = "Give a file in a directory that exists and is writable, or '-' for stderr."

@@ -29,6 +29,7 @@ from engine import (
     Change,
     ImportRequest,
     IntakePlan,
+    InterruptedAfterCommit,
     Manifest,
     NotFound,
     Published,
@@ -58,6 +59,10 @@ class StoreHandle:
         self.stats = stats
         self._send = send
         self.workers = threads
+        # The last publication this handle's callers saw committed: set with no
+        # checkpoint between the outcome and it, so an interrupted command can tell
+        # whether its change landed, wherever the interruption reached it.
+        self.last_committed: Published | None = None
 
     async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on one of the backend's ``reader_threads`` worker threads: the
@@ -86,11 +91,22 @@ class StoreHandle:
     async def submit(self, request: Request) -> Published:
         """Send one request to the publisher and wait for its durable acknowledgement."""
         msg = self.enqueue(request)
-        await msg.done.wait()
+        try:
+            await msg.done.wait()
+        except KeyboardInterrupt as interrupt:
+            # Sent: it commits, or not, on its merits whatever comes now, and the publisher
+            # answers it promptly. Which it was is what the interrupted command must say.
+            with trio.CancelScope(shield=True):
+                await msg.done.wait()
+            if isinstance(msg.outcome, Published):
+                self.last_committed = msg.outcome
+                raise InterruptedAfterCommit(msg.outcome) from interrupt
+            raise
         outcome = msg.outcome
         if isinstance(outcome, VianoError):
             raise outcome
         assert outcome is not None
+        self.last_committed = outcome
         return outcome
 
     async def publish(self, request: PublishRequest) -> Published:

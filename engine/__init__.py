@@ -36,6 +36,7 @@ from ._errors import GatewayError as GatewayError
 from ._errors import HistoryConflict as HistoryConflict
 from ._errors import ImportRejected as ImportRejected
 from ._errors import InputRejected as InputRejected
+from ._errors import InterruptedAfterCommit as InterruptedAfterCommit
 from ._errors import InvalidCaseId as InvalidCaseId
 from ._errors import NotAStore as NotAStore
 from ._errors import NotFound as NotFound

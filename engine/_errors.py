@@ -181,3 +181,14 @@ class GatewayCancelled(GatewayError):
 
     default_reason = "gateway_cancelled"
     default_hint = "The caller cancelled the round; nothing of it was recorded."
+
+
+class InterruptedAfterCommit(KeyboardInterrupt):
+    """Ctrl-C came while a publication that had been sent was being committed, and it
+    was committed: the change is durable. A ``KeyboardInterrupt`` still (the command is
+    interrupted), carrying the outcome, so that a command whose whole work was that one
+    change can say it is done rather than ask to be run again."""
+
+    def __init__(self, published: object):
+        super().__init__("interrupted after the change was committed")
+        self.published = published

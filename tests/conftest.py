@@ -141,6 +141,18 @@ def run_viano(*args: str | os.PathLike[str], prefix: list[str] | None = None,
                           timeout=timeout, check=False, cwd=cwd)
 
 
+def wait_until_paused(marker: Path, child: subprocess.Popen[Any]) -> None:
+    """Block until a child started with ``VIANO_PAUSE_AT`` and ``VIANO_PAUSE_FILE=marker``
+    reaches its pause point (it creates the marker). Not a timed assertion: the child's
+    own progress ends the wait, or its exit does."""
+    import select
+
+    while not marker.exists():
+        if child.poll() is not None:
+            raise AssertionError(f"the child ended early: {child.communicate()}")
+        select.select([], [], [], 0.01)
+
+
 def make_readonly(root: Path) -> None:
     for p in [root, *root.rglob("*")]:
         mode = p.stat().st_mode

@@ -11,8 +11,7 @@ import pytest
 import trio
 
 from engine import CaseLocked
-from tests.conftest import VIANO, Cli, child_env
-from tests.test_store_integrity import _wait_for
+from tests.conftest import VIANO, Cli, child_env, wait_until_paused
 from viano_bug_analysis.cli._context import LOCKED_TRIES, LOCKED_WAIT_S, waiting_for_the_case
 
 
@@ -83,7 +82,7 @@ def test_the_same_command_twice_at_once_both_succeed(cli: Cli, sample: Path, tmp
                                            VIANO_PAUSE_FILE=str(marker)))
     second = None
     try:
-        _wait_for(marker, first)
+        wait_until_paused(marker, first)
         second = subprocess.Popen(viano, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True, env=child_env())
         assert second.stderr is not None
@@ -105,3 +104,36 @@ def test_the_same_command_twice_at_once_both_succeed(cli: Cli, sample: Path, tmp
     assert one["package_generation"] == two["package_generation"] == 1, (one, two)
     assert one["package_id"] == two["package_id"]
     assert cli("verify", "--store", target).code == 0
+
+
+def test_ctrl_c_while_its_change_commits(cli: Cli, sample: Path, tmp_path: Path) -> None:
+    """Ctrl-C while a reopen's commit is under way (paused just before COMMIT): the change
+    lands, so the command says it is done (exit 0, its result), not "interrupted, run it
+    again" — which made a second reopening."""
+    import json
+    import signal
+
+    store = tmp_path / "s"
+    assert cli("intake", "--store", store, "--report", sample / "report.json").code == 0
+    marker = tmp_path / "paused"
+    child = subprocess.Popen([*VIANO, "reopen", "BUG-20", "--json", "--reason", "again",
+                              "--store", str(store)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True,
+                             env=child_env(VIANO_PAUSE_AT="txn.before_commit",
+                                           VIANO_PAUSE_FILE=str(marker)))
+    try:
+        wait_until_paused(marker, child)
+        child.send_signal(signal.SIGINT)
+        marker.unlink()
+        out, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    assert child.returncode == 0, err
+    assert "interrupted after the change was committed" in err, err
+    doc = json.loads(out)
+    assert doc["analysis_revision"] == 2 and doc["changed"] is True, doc
+    r = cli("status", "--json", "--store", store)
+    assert r.code == 0 and '"analysis_revision": 2' in r.out, r.out
+    assert cli("verify", "--store", store).code == 0

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import VIANO, child_env, run_viano
+from tests.conftest import VIANO, child_env, run_viano, wait_until_paused
 from tests.loopback.process import Provider, start_provider
 from tests.phase_helpers import FIXTURES, SAMPLE
 
@@ -189,9 +189,7 @@ class TestTwoProcesses:
             env=_env(VIANO_PAUSE_AT="phase.entered", VIANO_PAUSE_FILE=str(marker)),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            while not marker.exists():
-                assert a.poll() is None, a.communicate()
-                time.sleep(0.01)
+            wait_until_paused(marker, a)
             code, doc = _interpret(store, cfg)
             assert (code, doc["status"], doc["reason"]) == (11, "DEFERRED", "locked"), doc
             marker.unlink()

@@ -12,7 +12,7 @@ import trio
 
 from actors import open_store
 from engine import BytesSource, Change, PublishRequest
-from tests.conftest import VIANO, Cli, child_env, run_viano, snapshot
+from tests.conftest import VIANO, Cli, child_env, run_viano, snapshot, wait_until_paused
 from tests.store_helpers import open_ro
 
 pytestmark = pytest.mark.usefixtures("backend")
@@ -209,7 +209,6 @@ class TestAKilledExport:
         import time
 
         from engine._portable import ABANDONED_AFTER_S
-        from tests.test_store_integrity import _wait_for
 
         store, out = tmp_path / "s", tmp_path / "out"
         out.mkdir()
@@ -221,7 +220,7 @@ class TestAKilledExport:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=child_env(VIANO_PAUSE_AT="export.written", VIANO_PAUSE_FILE=str(marker)))
         try:
-            _wait_for(marker, first)
+            wait_until_paused(marker, first)
             [live] = list(out.iterdir())
             then = time.time() - 2 * ABANDONED_AFTER_S
             os.utime(live, (then, then))

@@ -29,7 +29,7 @@ from engine import (
     read_export,
     verify_store,
 )
-from tests.conftest import PYTHON, Cli, child_env, snapshot
+from tests.conftest import PYTHON, Cli, child_env, snapshot, wait_until_paused
 from tests.store_helpers import create, open_ro, open_rw, sql
 
 pytestmark = pytest.mark.usefixtures("backend")
@@ -206,7 +206,7 @@ class TestGcAgainstAConcurrentReuse:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=child_env(VIANO_PAUSE_AT="batch.blobs_ready", VIANO_PAUSE_FILE=str(marker)))
         try:
-            _wait_for(marker, child)
+            wait_until_paused(marker, child)
             r = cli("gc", "--store", root, "--min-age", "0", "--json")
             assert r.code == 0, r.err
             assert r.json["removed_files"] == 1  # type: ignore[index]
@@ -249,17 +249,6 @@ class TestGcAgainstAConcurrentReuse:
 def _write(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
-
-
-def _wait_for(marker: Path, child: subprocess.Popen[str]) -> None:
-    """Block until the child reaches its pause point (it creates the marker). Not a timed
-    assertion: the child's own progress ends the wait, or its exit does."""
-    import select
-
-    while not marker.exists():
-        if child.poll() is not None:
-            raise AssertionError(f"the child ended early: {child.communicate()}")
-        select.select([], [], [], 0.01)
 
 
 class TestOneBadRequestInABatch:

@@ -13,7 +13,7 @@ import trio
 
 from actors import (
     PhaseServices,
-    Snapshot,
+    StoreHandle,
     case_operation,
     dispatch_phase,
     open_gateway,
@@ -29,6 +29,7 @@ from engine import (
     ConfigError,
     DispatchRequest,
     DispatchResult,
+    Manifest,
     PackageView,
     PhaseRefused,
     PhaseSpec,
@@ -125,24 +126,39 @@ def _dispatch_cmd(args: argparse.Namespace, out: Output, config: Config,
     return result.exit_code
 
 
-def _operation(args: argparse.Namespace, config: Config,
+def _operation(args: argparse.Namespace, config: Config, out: Output,
                make: Callable[[PackageView], tuple[Change, CaseStatus] | None],
                already: Callable[[PackageView], str] | None = None,
-               ) -> tuple[Snapshot, bool, str | None]:
+               ) -> tuple[Manifest, bool, str | None]:
     """The operation under the case's lease: the head after it, whether it changed
-    anything, and (when it did not) ``already`` of the head."""
-    async def go() -> tuple[Snapshot, bool, str | None]:
+    anything, and (when it did not) ``already`` of the head.
+
+    A Ctrl-C once the change was sent does not make the command say it was interrupted
+    if the change was committed: its whole work is done, and running it again would do
+    it twice (a second reopening). It says so and ends as if uninterrupted."""
+    handles: list[StoreHandle] = []
+
+    async def go() -> tuple[Manifest, bool, str | None]:
         async with open_store(store_location(args, config), create=False,
                               settings=config.store) as store:
+            handles.append(store)
             snap = await case_operation(store, args.case, make)
             if snap is not None:
-                return snap, True, None
+                return snap.manifest, True, None
             head = (await store.head(args.case))[1]
             view = PackageView(head.manifest, store.store.read_blob)
             said = None if already is None else await store.run_sync(already, view)
-            return head, False, said
+            return head.manifest, False, said
 
-    return trio.run(go)
+    try:
+        return trio.run(go)
+    except KeyboardInterrupt:
+        done = handles[0].last_committed if handles else None
+        if done is None:  # nothing was committed: interrupted it is
+            raise
+        out.note("interrupted after the change was committed: it is kept, and the "
+                 "command's work is done (do not run it again)")
+        return done.manifest, True, None
 
 
 def _who(args: argparse.Namespace) -> str:
@@ -154,11 +170,10 @@ def _who(args: argparse.Namespace) -> str:
         return "unknown"
 
 
-def _print_operation(out: Output, case_id: str, what: str, snap: Snapshot,
+def _print_operation(out: Output, case_id: str, what: str, m: Manifest,
                      changed: bool) -> None:
     """One operation's outcome: the same fields whether it changed the case or found it
     done already."""
-    m = snap.manifest
     doc: dict[str, Any] = {"case_id": case_id, "operation": what, "changed": changed,
                            "package_id": m.package_id,
                            "package_generation": m.package_generation,
@@ -179,18 +194,19 @@ def cmd_confirm(args: argparse.Namespace, out: Output, config: Config) -> int:
         return (f"the interpretation of this revision was already confirmed by "
                 f"{doc.get('confirmed_by')} at {doc.get('confirmed_at')}; nothing changed")
 
-    snap, changed, said = _operation(args, config, lambda view: confirm_change(view, by),
-                                     already)
-    _print_operation(out, args.case, said or f"interpretation confirmed by {by}", snap,
+    manifest, changed, said = _operation(args, config, out,
+                                         lambda view: confirm_change(view, by), already)
+    _print_operation(out, args.case, said or f"interpretation confirmed by {by}", manifest,
                      changed)
     return 0
 
 
 def cmd_reopen(args: argparse.Namespace, out: Output, config: Config) -> int:
     by = _who(args)
-    snap, changed, _ = _operation(args, config,
-                                  lambda view: reopen_change(view, args.reason, by))
-    _print_operation(out, args.case, "reopened in a new analysis revision", snap, changed)
+    manifest, changed, _ = _operation(args, config, out,
+                                      lambda view: reopen_change(view, args.reason, by))
+    _print_operation(out, args.case, "reopened in a new analysis revision", manifest,
+                     changed)
     return 0
 
 
@@ -205,7 +221,7 @@ def cmd_unblock(args: argparse.Namespace, out: Output, config: Config) -> int:
                                reason="not_blocked")
         return unblock_change(view, spec, by)
 
-    snap, changed, _ = _operation(args, config, make)
-    _print_operation(out, args.case, "unblocked: a new series of rounds may run", snap,
+    manifest, changed, _ = _operation(args, config, out, make)
+    _print_operation(out, args.case, "unblocked: a new series of rounds may run", manifest,
                      changed)
     return 0

@@ -391,3 +391,30 @@ class TestClosingUnderUse:
         with pytest.raises(StorageError) as err:
             store.list_cases()
         assert err.value.reason == "store_unavailable"
+
+
+@pytest.mark.sqlite_only
+class TestAFifoWhereTheStoreKeepsAFile:
+    """The store's own small files are read as the user's are: a FIFO put in the place of
+    one is refused (or, in blobs/tmp, left alone), never opened to wait for a writer that
+    will not come. Each command runs as a real process, bounded by a timeout."""
+
+    @pytest.mark.parametrize("where", ["store-id", "blobs/tmp/leftover"])
+    @pytest.mark.parametrize("command", [["verify"], ["gc", "--min-age", "0"], ["status"],
+                                         ["reopen", "BUG-20", "--reason", "x"]])
+    def test_no_command_waits_on_it(self, cli: Cli, sample: Path, tmp_path: Path,
+                                    where: str, command: list[str]) -> None:
+        store = tmp_path / "s"
+        assert cli("intake", "--store", store, "--report", sample / "report.json").code == 0
+        place = store / where
+        place.parent.mkdir(parents=True, exist_ok=True)
+        place.unlink(missing_ok=True)
+        os.mkfifo(place)
+        r = run_viano(*command, "--json", "--store", store, timeout=60)
+        assert "internal_error" not in r.stdout + r.stderr, r.stderr
+        if where == "store-id" and command[0] in ("verify", "gc", "reopen"):
+            assert r.returncode == 1, r.stderr  # store_corrupt, or verify's violation
+            assert "store_corrupt" in r.stdout + r.stderr or "store-id" in r.stdout, r.stdout
+        elif where != "store-id":
+            assert r.returncode == 0, r.stderr
+        assert place.exists()  # left as it was: not Viano's to remove

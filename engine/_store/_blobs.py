@@ -70,7 +70,8 @@ class BlobFiles:
         """Put ``source`` in place durably, unless a file with exactly its bytes is there."""
         final = self.path_for(source.sha256)
         with _writing(self.root):  # re-reading a stored file is the store's, not the input's
-            if final.is_file() and _hash_file(final) == (source.sha256, source.size):
+            if final.is_file() and final.stat().st_size == source.size and \
+                    _hash_file(final) == (source.sha256, source.size):
                 return
         with _writing(self.root):
             self.tmp.mkdir(parents=True, exist_ok=True)
@@ -166,12 +167,16 @@ class BlobFiles:
         return next(self.iter_files(), None) is not None
 
     def remove_abandoned(self, path: Path) -> bool:
-        """Remove a temporary file whose writer is gone (its flock is free)."""
+        """Remove a temporary file whose writer is gone (its flock is free). Anything but
+        a regular file (a FIFO, a link: Viano writes neither) is left where it is, opened
+        without blocking and not followed."""
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:  # gone, or a symbolic link (ELOOP)
             return False
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return False
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -25,6 +25,7 @@ from urllib.parse import quote
 from .._errors import NotAStore, NotFound, StorageError, VianoError
 from ._blobs import fsync_dir
 from ._pg_schema import CURRENT_VERSION, FORMAT_PREFIX, SCHEMA, TABLES, parse_version
+from ._sources import read_text_file
 
 log = logging.getLogger("viano.store")
 
@@ -210,7 +211,7 @@ def open_schema(conn: Any, shown: str, *, write: bool, create: bool,
 
 def _read(path: Path) -> str | None:
     try:
-        return path.read_text().strip()
+        return read_text_file(path)
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as exc:

@@ -77,6 +77,7 @@ from ._pg_schema import CURRENT_VERSION
 from ._plan import BatchRows, GenerationRow, Head, PlanInput, plan_batch
 from ._protocol import BlobInfo, CaseRef, StoreStats
 from ._requests import Outcome, Request
+from ._sources import read_text_file
 
 if TYPE_CHECKING:
     import psycopg
@@ -439,7 +440,7 @@ class PostgresStore:
 
     def _id_matches(self) -> bool:
         try:
-            return (self.blob_root / "store-id").read_text().strip() == self.meta["store_id"]
+            return read_text_file(self.blob_root / "store-id") == self.meta["store_id"]
         except (OSError, UnicodeDecodeError):
             return False
 

@@ -62,6 +62,18 @@ def open_regular(path: Path) -> BinaryIO:
         raise
 
 
+def read_text_file(path: Path, limit: int = 4096) -> str:
+    """A small text file of the store's own (its ``store-id``, a token), stripped: read
+    through :func:`open_regular`, so one replaced by a FIFO or a device is refused
+    (``NotRegularFile``) instead of waited on, and no more than ``limit`` bytes are read
+    (larger is ``OSError`` EFBIG). ``UnicodeDecodeError`` if it is not UTF-8."""
+    with open_regular(path) as f:
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
+    return raw.decode("utf-8").strip()
+
+
 class BlobSource(Protocol):
     @property
     def sha256(self) -> str: ...

@@ -66,6 +66,7 @@ from ._manifest import Manifest
 from ._plan import BatchRows, GenerationRow, Head, PlanInput, plan_batch
 from ._protocol import BlobInfo, CaseRef, StoreStats
 from ._requests import Outcome, Request
+from ._sources import read_text_file
 from ._sqlite_index import (
     INDEX_FILES,
     IndexDamaged,
@@ -415,7 +416,7 @@ class SqliteStore:
     def _id_matches(self) -> bool:
         ours = self._meta_id()
         try:
-            return ours is not None and (self.root / ID_NAME).read_text().strip() == ours
+            return ours is not None and read_text_file(self.root / ID_NAME) == ours
         except (OSError, UnicodeDecodeError):
             return False
 

@@ -17,6 +17,7 @@ from urllib.parse import quote
 from .._errors import NotAStore, NotFound, StorageError, VianoError
 from ._blobs import fsync_dir
 from ._crash import crash_point
+from ._sources import read_text_file
 from ._sqlite_schema import CURRENT_VERSION, create_current, migrate, parse_version
 from ._wal import WAL_RESTART_BYTES
 
@@ -133,7 +134,7 @@ def open_existing(root: Path, write: bool) -> tuple[int, bool]:
 
 def _check_id(root: Path, store_id: str) -> None:
     try:
-        on_disk = (root / ID_NAME).read_text().strip()
+        on_disk = read_text_file(root / ID_NAME)
     except FileNotFoundError:
         if _has_generations(root / DB_NAME):
             raise StorageError(f"{root}: the folder's store-id file is missing, so this index "
@@ -169,7 +170,7 @@ def _migrate(root: Path, db: Path, version: int) -> int:
                 current, store_id = _read_meta(conn, db)  # another process may have won
                 if current < CURRENT_VERSION:
                     existing = root / ID_NAME
-                    store_id = existing.read_text().strip() if existing.is_file() \
+                    store_id = read_text_file(existing) if existing.is_file() \
                         else str(uuid.uuid4())
                     _write_id(root, store_id)
                     migrate(conn, current, store_id)

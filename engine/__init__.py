@@ -180,6 +180,7 @@ from ._store import successor_violations as successor_violations
 from ._store import verify_store as verify_store
 from ._store import whole_history as whole_history
 from ._store._sources import open_regular as open_regular
+from ._text import is_utf8 as is_utf8
 from ._text import markdown_block as markdown_block
 from ._text import markdown_inert as markdown_inert
 from ._text import markdown_inert_block as markdown_inert_block

@@ -127,6 +127,16 @@ def markdown_inert_block(text: str) -> str:
     return "\n".join(markdown_inert(line) for line in lines).strip("\n")
 
 
+def is_utf8(text: str) -> bool:
+    """Whether ``text`` can be written as UTF-8: not so when it holds lone surrogates, as
+    an argument that was not UTF-8 bytes does (Python decodes those as surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 # Letters and symbols that render as nothing (Hangul fillers, the blank braille pattern).
 _INVISIBLE = frozenset("\u115f\u1160\u3164\uffa0\u2800")
 

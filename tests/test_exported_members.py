@@ -51,7 +51,7 @@ ENGINE_API = [
     "enter_change",
     "export_package", "fixture_attempt", "http_attempt", "hypotheses_paths",
     "hypothesis_policy", "install_log_filter", "interpretation_paths", "interpretation_policy",
-    "interpretation_problems", "iso_utc", "judge_change", "load_prompt", "load_state",
+    "interpretation_problems", "is_utf8", "iso_utc", "judge_change", "load_prompt", "load_state",
     "loads_untrusted", "make_record", "markdown_block", "markdown_inert",
     "markdown_inert_block", "markdown_inline", "new_package_id", "no_answer_status",
     "normalized", "open_backend", "open_regular", "parse_contracted_json", "person",

@@ -245,3 +245,52 @@ class TestIntakeLeavesNothing:
             "--attach", f"diagnostics={fake}")
         assert snapshot(store) == before
 
+
+
+BAD = "\udcff"  # what Python makes of an argument byte that is not UTF-8 (0xff)
+TEXT_ARGUMENTS = [
+    ["show", BAD], ["log", BAD], ["verify", BAD], ["report", BAD], ["status", BAD],
+    ["export", BAD, "out.zip"], ["cat", BAD, "case/intake.json"], ["cat", "T-1", BAD],
+    ["interpret", BAD], ["hypothesize", BAD], ["run", BAD], ["batch", BAD],
+    ["confirm", BAD], ["confirm", "T-1", "--by", BAD], ["unblock", BAD],
+    ["reopen", BAD, "--reason", "r"], ["reopen", "T-1", "--reason", BAD],
+    ["reopen", "T-1", "--reason", "r", "--by", BAD],
+    ["intake", "--report", "r.txt", "--case-id", BAD],
+    ["interpret", "T-1", "--attempt-id", BAD],
+]
+
+
+@pytest.mark.parametrize("args", TEXT_ARGUMENTS, ids=lambda a: " ".join(a).replace(BAD, "<ff>"))
+def test_a_text_argument_that_is_not_utf8_is_a_usage_error(
+        cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
+    """Every argument that is text (case ids, names, reasons, logical paths, attempt ids),
+    not bytes of a file name: refused by the parser, never an internal error from SQLite or
+    an encoder, and nothing written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.txt").write_text("t\n")
+    store = tmp_path / "s"
+    assert cli("intake", "--store", store, "--report", "r.txt", "--case-id", "T-1").code == 0
+    before = snapshot(store)
+    r = cli(*args, "--json", "--store", store)
+    assert r.code == 2, r.err
+    error = json.loads(r.out)["error"]
+    assert error["reason"] == "usage_error" and "not UTF-8" in error["message"], error
+    assert snapshot(store) == before
+
+
+@pytest.mark.parametrize(("option", "value"), [("--by", "\u200b"), ("--by", "\u2800"),
+                                               ("--reason", "\u200b\u200d"),
+                                               ("--reason", "\ufeff ")])
+def test_a_name_or_reason_that_shows_nothing_is_refused(
+        cli: Cli, tmp_path: Path, option: str, value: str) -> None:
+    """The rule a model's strings are held to (nothing in it shows: blank_string) holds for
+    what a person types too: a zero-width space is not a name."""
+    (tmp_path / "r.txt").write_text("t\n")
+    store = tmp_path / "s"
+    assert cli("intake", "--store", store, "--report", tmp_path / "r.txt",
+               "--case-id", "T-1").code == 0
+    args = ["reopen", "T-1", "--reason", "r"] if option == "--by" else ["reopen", "T-1"]
+    r = cli(*args, option, value, "--json", "--store", store)
+    assert r.code == 2, r.err
+    assert json.loads(r.out)["error"]["reason"] == "usage_error"
+    assert cli("status", "--json", "--store", store, "T-1").out.count('"REOPENED"') == 0

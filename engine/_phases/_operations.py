@@ -11,6 +11,7 @@ from .._canonical import artifact_json, utc_now_iso
 from .._errors import PhaseRefused, UsageError
 from .._store import BytesSource, CaseStatus, Change
 from .._store._manifest import MAX_REVISION
+from .._text import is_blank, is_utf8
 from ._interpretation import PHASE as INTERPRETATION_PHASE
 from ._interpretation import artifact_paths, confirmation_bytes, interpretation_problems
 from ._protocol import parse_rounds, phase_dir
@@ -22,10 +23,17 @@ _NAME = re.compile(r"[^\x00-\x1f\x7f-\x9f]{1,128}")
 
 
 def person(name: str, what: str = "--by") -> str:
-    """A name recorded in an artifact: 1-128 printable characters, not blank."""
-    if not name.strip() or _NAME.fullmatch(name) is None:
+    """A name recorded in an artifact: 1-128 printable characters, not blank (nothing in
+    it shows: the rule a model's strings are held to, ``is_blank``), UTF-8 text."""
+    if is_blank(name) or _NAME.fullmatch(name) is None or not is_utf8(name):
         raise UsageError(f"{what} must be 1-128 printable characters, not blank")
     return name
+
+
+def _reason(text: str) -> str:
+    if is_blank(text) or len(text) > 4096 or not is_utf8(text):
+        raise UsageError("--reason must be a non-blank text of at most 4096 characters")
+    return text
 
 
 def confirm_change(view: PackageView, by: str) -> tuple[Change, CaseStatus] | None:
@@ -55,8 +63,7 @@ def confirm_change(view: PackageView, by: str) -> tuple[Change, CaseStatus] | No
 def reopen_change(view: PackageView, reason: str, by: str) -> tuple[Change, CaseStatus]:
     """A new analysis revision: everything earlier stays, byte for byte; the new revision
     needs its own interpretation and confirmation, and gets fresh budgets."""
-    if not reason.strip() or len(reason) > 4096:
-        raise UsageError("--reason must be a non-blank text of at most 4096 characters")
+    _reason(reason)
     m = view.manifest
     new = m.analysis_revision + 1
     if new > MAX_REVISION:

@@ -8,7 +8,7 @@ import argparse
 import math
 from typing import NoReturn
 
-from engine import FORMATS, ROLES, UsageError
+from engine import FORMATS, ROLES, UsageError, is_utf8
 
 DESCRIPTION = ("Viano analyses bug cases: intake stores the originals and a canonical source "
                "catalogue in a durable, versioned case package; a model interprets the case, "
@@ -60,6 +60,16 @@ def _poll_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} would poll the store in a busy loop; "
                                          "give at least 0.05")
     return value
+
+
+def _text(text: str) -> str:
+    """A text argument (a case id, a name, a reason, a logical path): UTF-8, as everything
+    Viano stores is. A file name may be any bytes; these may not (the shell passed bytes
+    that are not UTF-8, which Python holds as lone surrogates)."""
+    if not is_utf8(text):
+        shown = text.encode("utf-8", "backslashreplace").decode("utf-8")
+        raise argparse.ArgumentTypeError(f"{shown!r} is not UTF-8 text")
+    return text
 
 
 def _positive_int(text: str) -> int:
@@ -124,13 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"an attachment; ROLE is one of {', '.join(ROLES)} (default "
                         "attachment). Archives in the diagnostics and source roles are "
                         "catalogued member by member. Repeatable; order is kept")
-    p.add_argument("--case-id", metavar="ID", help="case id (default: the report's "
+    p.add_argument("--case-id", metavar="ID", type=_text, help="case id (default: the report's "
                    "case_id, else the issue's own id such as owner_repo_123 or PROJ-7, else "
                    "derived from the report's hash)")
 
     p = add("interpret", "one dispatch of the interpretation phase for CASE")
-    p.add_argument("case", metavar="CASE")
-    p.add_argument("--attempt-id", default="default", metavar="ID",
+    p.add_argument("case", metavar="CASE", type=_text)
+    p.add_argument("--attempt-id", default="default", metavar="ID", type=_text,
                    help="the attempt; after a rejected answer, a new id asks again under the "
                         "same pinned policy (default: default)")
 
@@ -139,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
                         ("batch", "keep going until every case is COMPLETED, BLOCKED or ERROR; "
                                   "with --wait also through due retries")):
         p = add(name, help_)
-        p.add_argument("cases", nargs="*", metavar="CASE")
+        p.add_argument("cases", nargs="*", metavar="CASE", type=_text)
         p.add_argument("--all", action="store_true", help="every case with work now "
                                                           "(from the store's due index)")
         p.add_argument("--concurrency", type=_positive_int, default=16, metavar="N",
@@ -157,56 +167,58 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 1; at least 0.05: due retries wake it on their own)")
 
     p = add("confirm", "confirm the current revision's interpretation of CASE")
-    p.add_argument("case", metavar="CASE")
-    p.add_argument("--by", metavar="NAME", help="who confirms (default: your user name)")
+    p.add_argument("case", metavar="CASE", type=_text)
+    p.add_argument("--by", metavar="NAME", type=_text,
+                   help="who confirms (default: your user name)")
 
     p = add("hypothesize", "one dispatch of the hypothesis phase for CASE (its interpretation "
                            "must be confirmed)")
-    p.add_argument("case", metavar="CASE")
-    p.add_argument("--attempt-id", default="default", metavar="ID",
+    p.add_argument("case", metavar="CASE", type=_text)
+    p.add_argument("--attempt-id", default="default", metavar="ID", type=_text,
                    help="the attempt; after a rejected answer, a new id asks again under the "
                         "same pinned policy (default: default)")
 
     p = add("reopen", "start a new analysis revision of CASE; earlier artifacts stay unchanged")
-    p.add_argument("case", metavar="CASE")
-    p.add_argument("--reason", required=True, metavar="TEXT", help="why (recorded)")
-    p.add_argument("--by", metavar="NAME", help="who reopens (default: your user name)")
+    p.add_argument("case", metavar="CASE", type=_text)
+    p.add_argument("--reason", required=True, metavar="TEXT", type=_text, help="why (recorded)")
+    p.add_argument("--by", metavar="NAME", type=_text, help="who reopens (default: your user name)")
 
     p = add("unblock", "after BLOCKED (rounds exhausted): allow a new series of rounds")
-    p.add_argument("case", metavar="CASE")
-    p.add_argument("--by", metavar="NAME", help="who unblocks (default: your user name)")
+    p.add_argument("case", metavar="CASE", type=_text)
+    p.add_argument("--by", metavar="NAME", type=_text,
+                   help="who unblocks (default: your user name)")
 
     p = add("report", "the interpretation and hypotheses of CASE, escaped, for a person to "
                       "read or to post back on the issue (Markdown on stdout)")
-    p.add_argument("case", metavar="CASE")
+    p.add_argument("case", metavar="CASE", type=_text)
     p.add_argument("--format", choices=("md", "json"), default="md",
                    help="md (default) or json (one document, as --json gives)")
     p.add_argument("--revision", type=_positive_int, metavar="N",
                    help="the analysis revision (default: the current one)")
 
     p = add("status", "list cases: phase, status, revision, generation, due time")
-    p.add_argument("cases", nargs="*", metavar="CASE")
+    p.add_argument("cases", nargs="*", metavar="CASE", type=_text)
     p.add_argument("--summary", action="store_true",
                    help="counts by phase and status, and per provider: answers, failures by "
                         "class and cooldowns (from every recorded round)")
 
     p = add("show", "print the manifest of the current (or given) generation")
-    p.add_argument("case", metavar="CASE")
+    p.add_argument("case", metavar="CASE", type=_text)
     p.add_argument("--generation", type=int, metavar="N")
 
     p = add("cat", "print the exact bytes of one logical file")
-    p.add_argument("case", metavar="CASE")
-    p.add_argument("path", metavar="PATH")
+    p.add_argument("case", metavar="CASE", type=_text)
+    p.add_argument("path", metavar="PATH", type=_text)
     p.add_argument("--generation", type=int, metavar="N")
 
     p = add("log", "the generation history: number, phase, time, what changed")
-    p.add_argument("case", metavar="CASE")
+    p.add_argument("case", metavar="CASE", type=_text)
 
     p = add("verify", "recompute every hash and check every invariant; exit 1 on violations")
-    p.add_argument("cases", nargs="*", metavar="CASE")
+    p.add_argument("cases", nargs="*", metavar="CASE", type=_text)
 
     p = add("export", "write a portable package with its whole history to a zip file")
-    p.add_argument("case", metavar="CASE")
+    p.add_argument("case", metavar="CASE", type=_text)
     p.add_argument("file", metavar="FILE.zip")
     p.add_argument("--force", action="store_true",
                    help="replace FILE if it exists (a path inside the store is always "

@@ -100,11 +100,24 @@ class TestReadCommands:
         assert "unknown_generation" in cli("show", "BUG-20", "--generation", "9",
                                            "--store", store_dir).err
 
-    def test_status_on_missing_store_is_empty(self, cli: Cli, tmp_path: Path) -> None:
-        """status on a store that does not exist yet lists nothing and creates nothing."""
-        r = cli("status", "--store", tmp_path / "none", "--json")
-        assert r.code == 0 and r.json == []
-        assert not (tmp_path / "none").exists()
+    def test_status_and_gc_on_the_default_store_not_made_yet(
+            self, cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The default store not made yet lists nothing (and gc removes nothing); a store
+        the user named that does not exist is no_store, as for every other command (a
+        mistyped path must not look like an empty store). Nothing is created."""
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.delenv("VIANO_STORE", raising=False)
+        monkeypatch.delenv("VIANO_CONFIG", raising=False)
+        for cmd in (["status"], ["gc"]):
+            r = cli(*cmd, "--json")
+            assert r.code == 0, r.err
+            r = cli(*cmd, "--json", "--store", tmp_path / "none")
+            assert (r.code, r.json["error"]["reason"]) == (2, "no_store"), r.out  # type: ignore[index]
+            monkeypatch.setenv("VIANO_STORE", str(tmp_path / "none"))
+            r = cli(*cmd, "--json")
+            assert (r.code, r.json["error"]["reason"]) == (2, "no_store"), r.out  # type: ignore[index]
+            monkeypatch.delenv("VIANO_STORE")
+        assert list(tmp_path.iterdir()) == []
 
 
 class TestConsoleScript:

@@ -43,6 +43,13 @@ def store_location(args: argparse.Namespace, config: Config) -> str:
                or DEFAULT_STORE)
 
 
+def store_named(args: argparse.Namespace, config: Config) -> bool:
+    """Whether the user named the store (``--store``, ``VIANO_STORE``, ``[store] url``)
+    rather than left it at the default: a named store that does not exist is a mistake to
+    report (``no_store``), never an empty store to describe."""
+    return bool(args.store or os.environ.get("VIANO_STORE") or config.store.url)
+
+
 def store_shown(args: argparse.Namespace, config: Config) -> str:
     """The store's location as it may be printed: a PostgreSQL URL without its password."""
     return display_location(store_location(args, config))

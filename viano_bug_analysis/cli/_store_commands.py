@@ -41,6 +41,7 @@ from engine import (
 from ._context import (
     reading,
     store_location,
+    store_named,
     store_path,
     store_shown,
     waiting_for_the_case,
@@ -66,7 +67,9 @@ def cmd_status(args: argparse.Namespace, out: Output, config: Config) -> int:
         with reading(args, config) as store:
             refs = store.list_cases()
     except NotFound as exc:
-        if exc.reason != "no_store" or args.cases:  # asked about cases: there are none
+        # The default store not made yet is an empty one; a store named, or cases asked
+        # about, that are not there are refused.
+        if exc.reason != "no_store" or args.cases or store_named(args, config):
             raise
         refs = []
     if args.cases:
@@ -344,7 +347,7 @@ def cmd_gc(args: argparse.Namespace, out: Output, config: Config) -> int:
         with reading(args, config):
             pass
     except NotFound as exc:
-        if exc.reason != "no_store":
+        if exc.reason != "no_store" or store_named(args, config):
             raise
         report = None
     else:

@@ -133,6 +133,7 @@ from ._phases import validate_hypotheses as validate_hypotheses
 from ._phases import validate_interpretation as validate_interpretation
 from ._portable import ExportSummary as ExportSummary
 from ._portable import check_destination as check_destination
+from ._portable import enclosing_store as enclosing_store
 from ._portable import export_package as export_package
 from ._portable import read_export as read_export
 from ._process import tune_collector as tune_collector

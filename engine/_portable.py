@@ -59,6 +59,7 @@ from ._store._common import parse_stored_manifest
 from ._store._crash import crash_point
 from ._store._manifest import MAX_REVISION
 from ._store._sources import open_regular
+from ._store._sqlite_open import DB_NAME, ID_NAME
 
 log = logging.getLogger("viano.export")
 
@@ -94,14 +95,30 @@ def _shown(path: Path) -> str:
     return str(path).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def enclosing_store(path: Path) -> Path | None:
+    """The Viano store folder (this one or any other: a ``store-id`` beside a
+    ``store.sqlite3`` or a ``blobs`` folder) that ``path`` is in, if any. A file written
+    there (an export with ``--force``, an event log) could replace a store's database or
+    one of its files."""
+    target = path.resolve(strict=False)
+    for folder in (target, *target.parents):
+        if (folder / ID_NAME).is_file() and ((folder / DB_NAME).exists()
+                                             or (folder / "blobs").is_dir()):
+            return folder
+    return None
+
+
 def _check_destination(dest: Path, store_root: Path | None, *, force: bool) -> Path:
     target = dest.resolve(strict=False)
+    inside = enclosing_store(target)
     if store_root is not None:
         root = store_root.resolve()
         if target == root or root in target.parents:
-            raise DestinationRejected(f"{dest} is inside the store folder {store_root}",
-                                      reason="destination_in_store",
-                                      hint="Write the export outside the store folder.")
+            inside = store_root
+    if inside is not None:
+        raise DestinationRejected(f"{dest} is inside the store folder {inside}",
+                                  reason="destination_in_store",
+                                  hint="Write the export outside every store folder.")
     if target.is_dir():
         raise DestinationRejected(f"{dest} is a directory", hint="Give a file name, for "
                                   "example BUG-20.zip.")

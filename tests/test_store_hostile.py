@@ -418,3 +418,24 @@ class TestAFifoWhereTheStoreKeepsAFile:
         elif where != "store-id":
             assert r.returncode == 0, r.stderr
         assert place.exists()  # left as it was: not Viano's to remove
+
+
+@pytest.mark.sqlite_only
+@pytest.mark.parametrize("what", ["export --force", "--log-json"])
+def test_nothing_is_written_into_another_store(cli: Cli, sample: Path, tmp_path: Path,
+                                               what: str) -> None:
+    """A destination inside any Viano store folder, not only the one the command reads, is
+    destination_in_store: --force must not replace another store's database."""
+    one, other = tmp_path / "one", tmp_path / "other"
+    for store in (one, other):
+        assert cli("intake", "--store", store, "--report", sample / "report.json").code == 0
+    before = snapshot(other)
+    for target in (other / "store.sqlite3", other / "blobs" / "x.zip", other / "new.zip"):
+        if what == "export --force":
+            r = cli("export", "--json", "--force", "--store", one, "BUG-20", target)
+        else:
+            r = cli("status", "--json", "--store", one, "--log-json", target)
+        assert r.code == 2, r.err
+        assert r.json["error"]["reason"] == "destination_in_store", r.out  # type: ignore[index]
+    assert snapshot(other) == before
+    assert cli("verify", "--store", other).code == 0

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
-from engine import UsageError
+from engine import UsageError, enclosing_store
 
 
 class _JsonLines(logging.Handler):
@@ -66,15 +66,19 @@ def open_log(target: str, store_root: Path | None) -> IO[str]:
     it), never a FIFO that no process reads (opening it would wait for one forever), and
     never a block device. A FIFO with a reader, a character device (``/dev/null``, a
     terminal) and a regular file are what a log can be written to."""
-    if store_root is not None:
-        try:
-            place, root = Path(target).resolve(), store_root.resolve()
-        except (OSError, RuntimeError, ValueError) as exc:
-            raise _refused(target, str(exc)) from exc
-        if place == root or root in place.parents:
-            raise UsageError(f"--log-json {_shown(target)} is inside the store folder",
-                             reason="destination_in_store",
-                             hint="Write the event log outside the store folder.")
+    try:
+        place = Path(target).resolve()
+        inside = enclosing_store(place)
+        if store_root is not None:
+            root = store_root.resolve()
+            if place == root or root in place.parents:
+                inside = store_root
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise _refused(target, str(exc)) from exc
+    if inside is not None:
+        raise UsageError(f"--log-json {_shown(target)} is inside the store folder "
+                         f"{_shown(str(inside))}", reason="destination_in_store",
+                         hint="Write the event log outside every store folder.")
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     try:
         fd = os.open(target, flags, 0o644)

@@ -166,6 +166,28 @@ class TestCraftedExports:
         assert cli("verify", "--store", tmp_path / "t").code == 0
 
 
+def test_a_history_given_another_case_id_is_refused(cli: Cli, sample: Path,
+                                                    tmp_path: Path) -> None:
+    """Every manifest and the index say case OTHER (every hash recomputed), the intake
+    record, write-once, still says BUG-20: refused (it would have imported, and verified
+    clean, as a case the originals do not belong to)."""
+    good = _export(cli, sample, tmp_path)
+
+    def renamed(docs: list[Doc]) -> list[bytes]:
+        return [_encode({**d, "case_id": "OTHER"}) for d in docs]
+
+    def index(idx: Doc) -> bytes:
+        return json.dumps({**idx, "case_id": "OTHER"}).encode()
+
+    bad = _craft(good, tmp_path / "renamed.zip", manifests=renamed, index=index)
+    target = tmp_path / "target"
+    r = cli("import", "--json", "--store", target, bad)
+    assert r.code == 2, r.out
+    error = r.json["error"]  # type: ignore[index]
+    assert error["reason"] == "invalid_export" and "names case 'BUG-20'" in error["message"]
+    assert not target.exists()
+
+
 class TestHistories:
     def _advance(self, cli: Cli, store: Path, n: int) -> None:
         import trio

@@ -149,12 +149,29 @@ def _phase_problems(read: Callable[[str], bytes], open_: Callable[[str], BinaryI
     if not manifests:
         return []
     view = PackageView(manifests[-1], read, open_)
-    out: list[str] = []
+    out: list[str] = _intake_problems(view)
     for spec in SPECS.values():
         for rev in range(1, manifests[-1].analysis_revision + 1):
             out += [f"revision {rev}: {p}" for p in history_problems(spec, view, rev)]
         out += stray_revisions(spec, view) + pointer_problems(spec, view)
     return out
+
+
+def _intake_problems(view: PackageView) -> list[str]:
+    """The intake record (write-once) names the package's own case: a history whose
+    manifests were given another case id, every hash made to match, still says whose
+    case it was."""
+    m = view.manifest
+    path = m.pointers.get("intake")
+    if path is None:
+        return []
+    try:
+        named = view.read_object(path).get("case_id")
+    except HistoryProblem as exc:
+        return [f"{path}: {exc}"]
+    if named != m.case_id:
+        return [f"{path} names case {named!r}, but the package is case {m.case_id!r}"]
+    return []
 
 
 PHASE_CHECKS: Sequence[PackageCheck] = (_check_phases,)

@@ -92,6 +92,29 @@ class TestVerify:
         assert any("missing" in v["violation"] and v["case_id"] == "V-1"
                    for v in doc["violations"])
 
+    def test_a_blob_file_grown_huge_is_damaged_unread(self, cli: Cli, tmp_path: Path,
+                                                      store_dir: Path) -> None:
+        """A blob file of another size than the index recorded is store_corrupt for verify,
+        cat and export from its size alone (grown to 64 GiB, sparse: hashing it first took
+        16 s per 3 GB)."""
+        _intake_large_blob(cli, tmp_path, store_dir, "V-1")
+        store = open_ro(store_dir)
+        ((_sha, path),) = list(store.blob_files.iter_files())
+        store.close()
+        recorded = path.stat().st_size
+        with open(path, "r+b") as f:
+            f.truncate(64 << 30)
+        said = f"is {64 << 30} bytes, not the {recorded} it was stored with"
+        doc = _verify(cli, store_dir)
+        assert any(said in v["violation"] and v["case_id"] == "V-1"
+                   for v in doc["violations"]), doc["violations"]
+        for args in (["cat", "V-1", "inputs/big.bin"],
+                     ["export", "V-1", tmp_path / "out.zip"]):
+            r = cli(*args, "--json", "--store", store_dir)
+            assert r.code == 1 and said in r.err, (args, r.err)
+            assert r.json["error"]["reason"] == "store_corrupt"  # type: ignore[index]
+        assert not (tmp_path / "out.zip").exists()
+
     @pytest.mark.parametrize("offset", [0, 10, 50, 120, -2])
     def test_a_flipped_bit_in_a_manifest(self, cli: Cli, sample: Path, store_dir: Path,
                                          offset: int) -> None:

@@ -124,9 +124,11 @@ class BlobFiles:
     def open(self, sha256: str) -> Path:
         return self.path_for(sha256)
 
-    def open_regular(self, sha256: str) -> BinaryIO:
+    def open_regular(self, sha256: str, size: int | None = None) -> BinaryIO:
         """Open a blob file for reading, refusing anything but a regular file (a FIFO is
-        opened without blocking, then refused) with a ``StorageError``."""
+        opened without blocking, then refused) with a ``StorageError``, and one whose size
+        is not the ``size`` the index recorded (a file grown to gigabytes is damaged at
+        once, not after reading it all to hash it)."""
         path = self.path_for(sha256)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -139,9 +141,15 @@ class BlobFiles:
                                hint="Check the store's permissions, then run 'viano verify'."
                                ) from exc
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
                 raise StorageError(f"blob file {sha256} is not a regular file",
                                    reason="store_corrupt")
+            if size is not None and st.st_size != size:
+                raise StorageError(f"blob file {sha256} is {st.st_size} bytes, not the "
+                                   f"{size} it was stored with", reason="store_corrupt",
+                                   hint="Run 'viano verify'; restore the blob from a backup "
+                                        "or an export.")
             os.set_blocking(fd, True)
             return os.fdopen(fd, "rb")
         except BaseException:

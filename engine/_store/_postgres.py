@@ -577,25 +577,25 @@ class PostgresStore:
         return None if row is None else BlobInfo(int(row[0]), bool(row[1]))
 
     @guarded
-    def _inline(self, sha256: str) -> bytes | None:
+    def _stored(self, sha256: str) -> tuple[int, bytes | None]:
         with translate(self._display, "read a blob"), self._connection() as conn:
             row = conn.execute("SELECT size, data FROM viano_blobs WHERE sha256=%s",
                                (bytes.fromhex(sha256),)).fetchone()
         if row is None:
             raise StorageError(f"blob {sha256} is not in the store", reason="store_corrupt")
-        return None if row[1] is None else bytes(row[1])
+        return int(row[0]), None if row[1] is None else bytes(row[1])
 
     def read_blob(self, sha256: str) -> bytes:
         with self.open_blob(sha256) as f:
             return f.read()
 
     def open_blob(self, sha256: str) -> BinaryIO:
-        data = self._inline(sha256)
+        size, data = self._stored(sha256)
         if data is not None:
             return verified_stream(io.BytesIO(data), sha256)
         if self._root_problem is not None:
             raise self._root_problem
-        return verified_stream(self._blob_files.open_regular(sha256), sha256)
+        return verified_stream(self._blob_files.open_regular(sha256, size), sha256)
 
 
 class _Exclusive:

@@ -574,12 +574,12 @@ class SqliteStore:
         return None if row is None else BlobInfo(row[0], bool(row[1]))
 
     @guarded
-    def _inline(self, sha256: str) -> bytes | None:
+    def _stored(self, sha256: str) -> tuple[int, bytes | None]:
         with translate("read a blob"):
             row = self._find(sha256, "size, data")
         if row is None:
             raise StorageError(f"blob {sha256} is not in the store", reason="store_corrupt")
-        return None if row[1] is None else bytes(row[1])
+        return int(row[0]), None if row[1] is None else bytes(row[1])
 
     def read_blob(self, sha256: str) -> bytes:
         """The blob's bytes, checked against its name: a damaged blob is ``store_corrupt``,
@@ -590,10 +590,10 @@ class SqliteStore:
     def open_blob(self, sha256: str) -> BinaryIO:
         """A stream of the blob that checks the bytes against the name as they are read:
         reading to the end of a damaged blob raises ``store_corrupt`` instead of ending."""
-        data = self._inline(sha256)
+        size, data = self._stored(sha256)
         if data is not None:
             return verified_stream(io.BytesIO(data), sha256)
-        return verified_stream(self._blob_files.open_regular(sha256), sha256)
+        return verified_stream(self._blob_files.open_regular(sha256, size), sha256)
 
 
 class _Exclusive:

@@ -143,8 +143,14 @@ _INVISIBLE = frozenset("\u115f\u1160\u3164\uffa0\u2800")
 
 def is_blank(text: str) -> bool:
     """Whether ``text`` shows nothing: only whitespace, separators, control and format
-    characters (zero-width spaces and joiners, soft hyphens, byte-order marks) or the few
-    letters that render as nothing. Unassigned code points are not blank: they may be
-    characters newer than this Python's Unicode tables."""
+    characters (zero-width spaces and joiners, soft hyphens, byte-order marks), combining
+    marks with no character to combine with, or the few letters that render as nothing.
+    Unassigned code points are not blank: they may be characters newer than this
+    Python's Unicode tables."""
     return all(ch.isspace() or ch in _INVISIBLE
-               or unicodedata.category(ch) in ("Cc", "Cf", "Zs", "Zl", "Zp") for ch in text)
+               or unicodedata.category(ch) in _BLANK_CATEGORIES for ch in text)
+
+
+# Controls, formats, separators, and the combining marks (which show only on a character
+# before them: a string of marks alone shows nothing, or a dotted circle).
+_BLANK_CATEGORIES = frozenset(("Cc", "Cf", "Zs", "Zl", "Zp", "Mn", "Me"))

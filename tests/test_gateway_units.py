@@ -186,6 +186,18 @@ trio.run(main)
         assert "Permission denied" in (out.attempts[0].error or "")
 
 
+async def test_a_fixture_answer_that_is_not_utf8_is_a_bad_envelope(tmp_path: Path) -> None:
+    """As strict as an HTTP body: not U+FFFD substituted and accepted."""
+    base = tmp_path / "fixtures" / "hypotheses_v1"
+    base.mkdir(parents=True)
+    (base / "BUG-20.json").write_bytes(b'{"summary": "\xff", "items": []}')
+    p = ProviderConfig(name="fx", kind="fixture", path=str(tmp_path / "fixtures"))
+    async with open_gateway([p], FAST) as gw:
+        out = await gw.round(request("BUG-20"))
+    assert out.status is RoundStatus.INVALID_ANSWER
+    assert out.attempts[0].detail == "bad_envelope"
+
+
 class TestRedactorPrecheck:
     """The fast pre-check never lets through what the full pattern would mask."""
 

@@ -177,7 +177,10 @@ def fixture_attempt(ctx: AttemptContext) -> AttemptResult:
 
     if len(raw) > ctx.max_output_bytes:
         return invalid("output_limit_exceeded", "the fixture answer is over the output limit")
-    content = raw.decode("utf-8", errors="replace")
+    try:  # as strict as an HTTP answer's body, which json.loads refuses when not UTF-8
+        content = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return invalid("bad_envelope", "the fixture answer is not UTF-8 text")
     return _check_content(ctx, content, lambda masked, parsed: AttemptResult(make_record(
         ctx, None, started, started_at, status=200, body=raw, failure=None, detail="ok"),
         content=masked, parsed=parsed), invalid)

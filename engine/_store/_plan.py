@@ -203,7 +203,12 @@ class _Planner:
         return _Staged(status=req.status, keep_status=False)
 
     def _import(self, req: ImportRequest) -> _Staged:
-        head = self._identity(req.package_id, req.case_id)
+        try:
+            head = self._identity(req.package_id, req.case_id)
+        except CaseExists as exc:  # import has no --case-id to choose another
+            raise CaseExists(exc.message, hint="This store holds another package of that "
+                             "case: import the export into another store, or look at the "
+                             "case here with 'viano show'.") from exc
         have = head.generation if head else 0
         theirs = req.manifests
         if not theirs:

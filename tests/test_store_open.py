@@ -135,8 +135,8 @@ class TestNotAStore:
     def test_read_commands_create_nothing(self, cli: Cli, tmp_path: Path) -> None:
         """status/verify/show on a store that does not exist create no folder and no file."""
         missing = tmp_path / "missing"
-        assert cli("status", "--store", missing, "--json").json == []
-        for args in (["verify"], ["show", "X"], ["log", "X"], ["cat", "X", "p"]):
+        for args in (["status"], ["gc"], ["verify"], ["show", "X"], ["log", "X"],
+                     ["cat", "X", "p"]):
             r = cli(*args, "--store", missing, "--json")
             assert r.json["error"]["reason"] == "no_store"  # type: ignore[index]
         assert not missing.exists()

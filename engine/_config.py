@@ -233,7 +233,11 @@ class Config:
         except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
             details = "; ".join(structure_errors(exc)) if isinstance(
                 exc, cattrs.BaseValidationError) else str(exc)
-            raise ConfigError(f"{source}: {details}") from exc
+            hint = None
+            if isinstance(data.get("providers"), dict):  # the likeliest slip of all
+                hint = ("Write each provider as its own [[providers]] table (two brackets); "
+                        "see config/analysis.example.toml.")
+            raise ConfigError(f"{source}: {details}", hint=hint) from exc
         return attrs.evolve(config, source=source)
 
     @classmethod

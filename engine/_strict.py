@@ -2,7 +2,8 @@
 
 cattrs coerces silently by default (``"42"`` → 42, ``3.9`` → 3, ``"false"`` → True). Here
 every scalar must already have its exact type (bool is not an int), a float must be finite
-(TOML allows ``nan`` and ``inf``), extra keys are refused,
+(TOML allows ``nan`` and ``inf``), an array must be an array (cattrs would spread a string
+into its characters and a table into its keys), extra keys are refused,
 and errors are flattened into ``"<message> @ <dotted.path>"`` lines that name the key.
 """
 
@@ -13,6 +14,12 @@ from collections.abc import Callable
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import cattrs
+from cattrs.cols import (
+    homogenous_tuple_structure_factory,
+    is_mutable_sequence,
+    is_sequence,
+    list_structure_factory,
+)
 from cattrs.v import format_exception
 
 T = TypeVar("T")
@@ -33,10 +40,37 @@ def _exact(expected: type) -> Callable[[Any, Any], Any]:
     return hook
 
 
+_ARRAY_KINDS: dict[type, str] = {dict: "a table", str: "a string", bytes: "bytes"}
+
+
+def _is_array(type_: Any) -> bool:
+    """Every type structured from a JSON or TOML array: lists, sequences and tuples."""
+    return is_sequence(type_) or get_origin(type_) is tuple or type_ is tuple
+
+
+def _arrays_only(type_: Any, converter: cattrs.Converter) -> Callable[[Any, Any], Any]:
+    if is_mutable_sequence(type_):
+        inner = list_structure_factory(type_, converter)
+    elif is_sequence(type_):  # tuple[X, ...] and Sequence[X]
+        inner = homogenous_tuple_structure_factory(type_, converter)
+    else:  # tuple[X, Y]: cattrs checks the length
+        def inner(value: Any, t: Any) -> Any:
+            return converter._structure_tuple(value, t)
+
+    def hook(value: Any, t: Any) -> Any:
+        if type(value) not in (list, tuple):
+            got = _ARRAY_KINDS.get(type(value), type(value).__name__)
+            raise TypeError(f"expected an array, got {got}")
+        return inner(value, t)
+
+    return hook
+
+
 def make_strict_converter(*, forbid_extra_keys: bool = True) -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=forbid_extra_keys)
     for scalar in (int, float, str, bool):
         converter.register_structure_hook(scalar, _exact(scalar))
+    converter.register_structure_hook_factory(_is_array, _arrays_only)
     return converter
 
 

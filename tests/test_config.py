@@ -46,6 +46,9 @@ BAD = {
     "duplicate provider": ('[[providers]]\nname = "a"\nkind = "fixture"\npath = "x"\n'
                            '[[providers]]\nname = "a"\nkind = "fixture"\npath = "y"\n', "unique"),
     "not toml": ("[hypotheses\n", "not valid TOML"),
+    "providers as a table": ('[providers]\nname = "a"\nkind = "fixture"\npath = "f"\n',
+                             "providers: expected an array, got a table"),
+    "providers as a string": ('providers = "a"\n', "providers: expected an array, got a string"),
 }
 
 
@@ -225,3 +228,26 @@ def test_a_report_limit_beyond_what_a_phase_reads_whole_is_refused(tmp_path: Pat
         Config.load(path)
     path.write_text(f"[intake.limits]\nmax_report_bytes = {MAX_DOCUMENT_BYTES}\n")
     assert Config.load(path).intake.limits.max_report_bytes == MAX_DOCUMENT_BYTES
+
+
+def test_providers_written_as_one_table_hint_names_the_double_brackets(tmp_path: Path) -> None:
+    """`[providers]` for `[[providers]]` says how to write it, not what cattrs tripped on."""
+    with pytest.raises(ConfigError) as info:
+        _load(tmp_path, '[providers]\nname = "a"\nkind = "fixture"\npath = "f"\n')
+    assert "[[providers]]" in info.value.hint
+    assert "keys" not in info.value.message  # the old "'str' object has no attribute 'keys'"
+
+
+@pytest.mark.parametrize("value", ["ab", {"a": "b"}, b"ab", 7])
+@pytest.mark.parametrize("type_", [tuple[str, ...], list[str], tuple[str, str]])
+def test_strict_converters_never_spread_a_non_array_into_an_array(value: object,
+                                                                  type_: object) -> None:
+    """The class: cattrs turns "ab" into ('a', 'b') and a table into its keys; we refuse."""
+    import cattrs
+
+    from engine._strict import LENIENT, STRICT, structure_errors
+
+    for converter in (STRICT, LENIENT):
+        with pytest.raises(cattrs.BaseValidationError) as info:
+            converter.structure({"x": value}, dict[str, type_])  # type: ignore[index]
+        assert any("expected an array" in line for line in structure_errors(info.value))

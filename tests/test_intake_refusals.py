@@ -137,6 +137,10 @@ REPORTS: dict[str, tuple[str, bytes]] = {
                                     b'{"title": "t", "body": "b", "comments": [{"body": "c"}]}'),
     "json bad case id": ("invalid_case_id", b'{"title": "t", "body": "b", "case_id": "../x"}'),
     "broken json": ("invalid_report", b'{"title": "t", "body": '),
+    "json comments as one object": ("invalid_report", b'{"title": "t", "body": "b", '
+                                    b'"comments": {"author": "a", "body": "c"}}'),
+    "json comments as a string": ("invalid_report",
+                                  b'{"title": "t", "body": "b", "comments": "ab"}'),
 }
 
 

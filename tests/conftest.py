@@ -53,7 +53,24 @@ class CliResult:
 
     @property
     def json(self) -> object:
-        return json.loads(self.out)
+        return strict_json(self.out)
+
+
+def strict_json(text: str) -> object:
+    """``json.loads``, refusing what strict parsers refuse and Python accepts: a lone
+    surrogate escape (RFC 8259 section 8.2), which no UTF-8 text can hold."""
+    value = json.loads(text)
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            item.encode("utf-8")  # UnicodeEncodeError on a lone surrogate
+    return value
 
 
 Cli = Callable[..., CliResult]

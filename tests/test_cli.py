@@ -23,6 +23,22 @@ class TestHelp:
         assert r.code == 0
         assert "usage: viano" in r.out and "--store" in r.out
 
+    @pytest.mark.parametrize("command", [None, *sorted(COMMANDS)])
+    def test_help_under_json_is_one_json_document(self, cli: Cli, command: str | None) -> None:
+        """`--json` promises one JSON document on stdout, `--help` included."""
+        r = cli(*([command] if command else []), "--help", "--json")
+        assert r.code == 0
+        doc = r.json
+        assert isinstance(doc, dict) and doc["command"] == " ".join(["viano", command or ""]
+                                                                     ).strip()
+        assert "usage: viano" in doc["help"] and "--store" in doc["help"]
+
+    def test_version_under_json_is_one_json_document(self, cli: Cli) -> None:
+        from importlib.metadata import version
+
+        r = cli("--json", "--version")
+        assert r.code == 0 and r.json == {"program": "viano", "version": version("viano")}
+
 
 class TestGlobalOptions:
     def test_before_or_after_the_command(self, cli: Cli, sample: Path, tmp_path: Path) -> None:

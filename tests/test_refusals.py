@@ -273,7 +273,7 @@ def test_a_text_argument_that_is_not_utf8_is_a_usage_error(
     before = snapshot(store)
     r = cli(*args, "--json", "--store", store)
     assert r.code == 2, r.err
-    error = json.loads(r.out)["error"]
+    error = r.json["error"]  # type: ignore[index]
     assert error["reason"] == "usage_error" and "not UTF-8" in error["message"], error
     assert snapshot(store) == before
 
@@ -295,3 +295,34 @@ def test_a_name_or_reason_that_shows_nothing_is_refused(
     assert r.code == 2, r.err
     assert json.loads(r.out)["error"]["reason"] == "usage_error"
     assert cli("status", "--json", "--store", store, "T-1").out.count('"REOPENED"') == 0
+
+
+@pytest.mark.parametrize("args", [["intake", "--report", "r\udcff.txt"],
+                                  ["export", "T-1", "out\udcff/x.zip"],
+                                  ["status", "--log-json", "no\udcff/events.jsonl"]])
+def test_a_path_that_is_not_utf8_reaches_json_as_visible_text(
+        cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
+    """A file name may be any bytes; the JSON document naming it must still be strict JSON
+    (a `\\udcff` escape is refused by strict parsers): the byte is shown as text."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.txt").write_text("t\n")
+    assert cli("intake", "--store", "s", "--report", "r.txt", "--case-id", "T-1").code == 0
+    r = cli(*args, "--json", "--store", "s")
+    assert r.code == 2, r.err
+    message = r.json["error"]["message"]  # type: ignore[index]
+    assert "\\udcff" in message, message
+
+
+def test_event_lines_are_strict_json_whatever_they_name(tmp_path: Path) -> None:
+    """--log-json lines hold case ids and paths: a lone surrogate in one is visible text."""
+    import logging
+
+    from tests.conftest import strict_json
+    from viano_bug_analysis.cli._events import event_log
+
+    log = tmp_path / "events.jsonl"
+    with event_log(str(log)):
+        logging.getLogger("viano.events").info(
+            "x", extra={"viano_event": {"event": "probe", "path": "a\udcffb"}})
+    line = log.read_text(encoding="ascii").splitlines()[-1]
+    assert strict_json(line)["path"] == "a\\udcffb"  # type: ignore[index]

@@ -13,7 +13,7 @@ from ._commands import COMMANDS
 from ._context import store_path
 from ._events import event_log
 from ._output import Output, quiet_stdout
-from ._parser import build_parser
+from ._parser import Shown, build_parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -58,7 +58,13 @@ def _only_cancelled(exc: BaseException) -> bool:
 
 
 def _report(out: Output, exc: BaseException) -> int:
-    if isinstance(exc, SystemExit):  # --help printed its text
+    if isinstance(exc, Shown):  # --help or --version
+        if out.as_json:
+            out.document(exc.document)
+        else:
+            sys.stdout.write(exc.text)
+        return 0
+    if isinstance(exc, SystemExit):
         return exc.code if isinstance(exc.code, int) else 0
     if isinstance(exc, VianoError):
         out.error(exc)

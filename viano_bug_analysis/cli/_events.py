@@ -4,7 +4,6 @@ Quiet unless asked for. The events carry no secret (no audit record is logged)."
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import stat
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import IO
 
 from engine import UsageError, enclosing_store
+
+from ._output import json_text
 
 
 class _JsonLines(logging.Handler):
@@ -30,7 +31,7 @@ class _JsonLines(logging.Handler):
         line = {"ts": datetime.fromtimestamp(record.created, UTC).strftime(
             "%Y-%m-%dT%H:%M:%S.%fZ"), **event}
         try:
-            self.stream.write(json.dumps(line, ensure_ascii=True, sort_keys=False) + "\n")
+            self.stream.write(json_text(line, indent=None, ascii_only=True) + "\n")
             self.stream.flush()
         except (OSError, ValueError):
             pass  # a closed log never stops the work

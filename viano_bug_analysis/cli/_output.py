@@ -23,15 +23,29 @@ from rich.text import Text
 
 from engine import VianoError, terminal_safe
 
-# C1 controls, bidi controls, and the lone surrogates a non-UTF-8 file name decodes to:
-# written as \u escapes, so the document is valid UTF-8 JSON and safe on a terminal.
-_JSON_UNSAFE = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
-                          "\ud800-\udfff]")
+# C1 controls and bidi controls: written as \u escapes, so the document is safe on a
+# terminal and still means the same text.
+_JSON_UNSAFE = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# A lone surrogate (what a file name or argument that is not UTF-8 decodes to) has no
+# UTF-8 form, and its \u escape is refused by strict parsers (RFC 8259 section 8.2): it is
+# written as the visible text ``\udcff``, as terminal_safe shows it on a terminal.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def json_text(value: Any) -> str:
-    text = json.dumps(value, indent=2, ensure_ascii=False)
-    return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+def _no_lone_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", value)
+    if isinstance(value, dict):
+        return {_no_lone_surrogates(k): _no_lone_surrogates(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_no_lone_surrogates(v) for v in value]
+    return value
+
+
+def json_text(value: Any, *, indent: int | None = 2, ascii_only: bool = False) -> str:
+    """``value`` as one JSON document that every strict parser reads as UTF-8."""
+    text = json.dumps(_no_lone_surrogates(value), indent=indent, ensure_ascii=ascii_only)
+    return text if ascii_only else _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 class _Console(Console):

@@ -19,15 +19,49 @@ EXIT_CODES = ("exit codes: 0 success, 2 usage error or rejected input (nothing w
               "(verify), a damaged store or an internal failure, 130 interrupted")
 
 
+class Shown(Exception):
+    """``--help`` or ``--version`` was asked for: ``text`` for a person, ``document`` for
+    ``--json`` (which promises one JSON document on stdout, whatever else is asked)."""
+
+    def __init__(self, text: str, document: dict[str, str]):
+        super().__init__(text)
+        self.text = text
+        self.document = document
+
+
+class _Help(argparse.Action):
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="show this help message and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        text = parser.format_help()
+        raise Shown(text, {"command": parser.prog, "help": text})
+
+
+class _Version(argparse.Action):
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="show the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        version = _version()
+        raise Shown(f"viano {version}\n", {"program": "viano", "version": version})
+
+
 class Parser(argparse.ArgumentParser):
     """An argument parser whose usage errors are Viano errors (so ``--json`` gets its one
-    JSON document for them too), never a bare ``SystemExit`` with text on stderr."""
+    JSON document for them too), never a bare ``SystemExit`` with text on stderr; its
+    ``--help`` raises ``Shown`` for the same reason."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         # "--conc 4" is not "--concurrency 4": an abbreviation would change its meaning the
         # day a second option starts with the same letters.
         kwargs.setdefault("allow_abbrev", False)
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        add_help = kwargs.pop("add_help", True)
+        super().__init__(*args, add_help=False, **kwargs)  # type: ignore[arg-type]
+        if add_help:
+            self.add_argument("-h", "--help", action=_Help)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message}",
@@ -107,7 +141,7 @@ def _globals(with_defaults: bool) -> Parser:
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="viano", description=DESCRIPTION, epilog=EXIT_CODES,
                     parents=[_globals(True)])
-    parser.add_argument("--version", action="version", version=f"viano {_version()}")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                 parser_class=Parser)
     common = [_globals(False)]

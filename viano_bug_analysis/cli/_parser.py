@@ -59,7 +59,8 @@ class Parser(argparse.ArgumentParser):
         # day a second option starts with the same letters.
         kwargs.setdefault("allow_abbrev", False)
         add_help = kwargs.pop("add_help", True)
-        super().__init__(*args, add_help=False, **kwargs)  # type: ignore[arg-type]
+        kwargs["add_help"] = False
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         if add_help:
             self.add_argument("-h", "--help", action=_Help)
 

@@ -288,10 +288,12 @@ def _read_structure(path: Path, limits: IntakeLimits) -> ImportRequest:
     except ArchiveRejected as exc:
         # An export is a zip Viano wrote: a member it cannot hold (unsafe, encrypted,
         # compressed, damaged) says the file is not one, or was changed; only the count of
-        # its members is a limit of this configuration.
+        # its members is a limit of this configuration. A damaged zip (truncated, say) is
+        # invalid_export, as any other file that is not an export is.
         many = exc.reason == "limit_exceeded" and "max_members" in exc.message
-        raise ArchiveRejected(exc.message, reason=exc.reason if many or exc.reason !=
-                              "limit_exceeded" else "invalid_export", hint=(
+        generic = exc.reason in ("limit_exceeded", "corrupt_archive") and not many
+        raise ArchiveRejected(exc.message, reason="invalid_export" if generic else exc.reason,
+                              hint=(
             "The export has more files than this configuration allows; raise "
             "[intake.limits] max_members if you trust it. Nothing was imported."
             if many else
@@ -302,6 +304,8 @@ def _read_structure(path: Path, limits: IntakeLimits) -> ImportRequest:
     if INDEX not in members or members[INDEX].size > MAX_INDEX_BYTES:
         raise ImportRejected(f"{label}: {INDEX} is missing or too large")
     with open_regular(path) as raw, zipfile.ZipFile(raw) as zf:
+        # What the scan passes over (directory entries) an export never holds either.
+        listed = zf.namelist()
         package_id, case_id, gens = _parse_index(zf.read(INDEX), label)
         missing = [f"manifests/{g:06d}.json" for g, _ in gens
                    if f"manifests/{g:06d}.json" not in members]
@@ -324,7 +328,7 @@ def _read_structure(path: Path, limits: IntakeLimits) -> ImportRequest:
         previous = m
     expected = {INDEX} | {f"manifests/{g:06d}.json" for g, _ in gens} | {
         f"blobs/{sha}" for sha in needed}
-    extra = sorted(set(members) - expected)
+    extra = sorted(set(listed) - expected)
     absent = sorted(expected - set(members))
     if extra or absent:
         raise ImportRejected(f"{label}: unexpected members {extra[:3]} / missing {absent[:3]}")

@@ -504,6 +504,39 @@ class TestArchiveRefusalsOnImport:
         assert "Export the case again" in error["hint"] and "limit" not in error["hint"], error
         assert not target.exists()
 
+    @pytest.mark.parametrize("name", ["blobs/", "manifests/", "extra/"])
+    def test_a_directory_entry_no_export_holds(self, cli: Cli, sample: Path, tmp_path: Path,
+                                               name: str) -> None:
+        """The archive scan passes over directory entries (intake has no use for them); an
+        export Viano wrote never holds one, so one says the file is not that export."""
+        good = _export(cli, sample, tmp_path)
+        bad = tmp_path / "bad.zip"
+        bad.write_bytes(good.read_bytes())
+        with zipfile.ZipFile(bad, "a") as zf:
+            zf.writestr(zipfile.ZipInfo(name), b"")
+        target = tmp_path / "target"
+        r = cli("import", "--json", "--store", target, bad)
+        assert r.code == 2, r.err
+        error = r.json["error"]  # type: ignore[index]
+        assert error["reason"] == "invalid_export" and name in error["message"], error
+        assert not target.exists()
+
+    @pytest.mark.parametrize("keep", [0.5, 0.9, -1, -22])
+    def test_a_truncated_export_is_invalid_export(self, cli: Cli, sample: Path,
+                                                 tmp_path: Path, keep: float) -> None:
+        """Cut anywhere (in the members, in the central directory, in its last record): a
+        damaged file is not an export, whatever part of the zip format noticed."""
+        raw = _export(cli, sample, tmp_path).read_bytes()
+        cut = tmp_path / "cut.zip"
+        cut.write_bytes(raw[:int(len(raw) * keep) if keep > 0 else int(keep)])
+        target = tmp_path / "target"
+        r = cli("import", "--json", "--store", target, cut)
+        assert r.code == 2, r.err
+        error = r.json["error"]  # type: ignore[index]
+        assert error["reason"] == "invalid_export", error
+        assert "again" in error["hint"], error  # export it again, not raise a limit
+        assert not target.exists()
+
     def test_more_members_than_the_configuration_allows(self, cli: Cli, sample: Path,
                                                         tmp_path: Path) -> None:
         good = _export(cli, sample, tmp_path)

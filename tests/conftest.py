@@ -170,6 +170,40 @@ def wait_until_paused(marker: Path, child: subprocess.Popen[Any]) -> None:
         select.select([], [], [], 0.01)
 
 
+class PausedChild:
+    """A child process paused at a named pause point (see :func:`paused_child`)."""
+
+    def __init__(self, process: subprocess.Popen[str], marker: Path):
+        self.process, self.marker = process, marker
+
+    def resume(self, timeout: float = 60) -> tuple[str, str]:
+        """Let it go on from the pause point; its stdout and stderr once it has exited."""
+        self.marker.unlink()
+        return self.process.communicate(timeout=timeout)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+
+@contextlib.contextmanager
+def paused_child(argv: list[str], point: str, marker: Path,
+                 env: Callable[..., dict[str, str]] | None = None) -> Iterator[PausedChild]:
+    """Start ``argv`` with ``VIANO_PAUSE_AT=point``; yield once it waits there. Killed on
+    the way out if it is still running (a failed assertion leaves no process behind)."""
+    make_env = env or child_env
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=make_env(VIANO_PAUSE_AT=point,
+                                                       VIANO_PAUSE_FILE=str(marker)))
+    try:
+        wait_until_paused(marker, process)
+        yield PausedChild(process, marker)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
 def make_readonly(root: Path) -> None:
     for p in [root, *root.rglob("*")]:
         mode = p.stat().st_mode

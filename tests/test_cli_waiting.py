@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from engine import CaseLocked
-from tests.conftest import VIANO, Cli, child_env, wait_until_paused
+from tests.conftest import VIANO, Cli, child_env, paused_child, strict_json
 from viano_bug_analysis.cli._context import LOCKED_TRIES, LOCKED_WAIT_S, waiting_for_the_case
 
 
@@ -75,27 +75,20 @@ def test_the_same_command_twice_at_once_both_succeed(cli: Cli, sample: Path, tmp
     # The target store exists first, so that the second process opens it as it is.
     assert cli("intake", "--store", target, "--report", sample / "report.json",
                "--case-id", "OTHER-1").code == 0
-    marker = tmp_path / "paused"
     viano = [*VIANO, *args]
-    first = subprocess.Popen(viano, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=child_env(VIANO_PAUSE_AT="txn.before_commit",
-                                           VIANO_PAUSE_FILE=str(marker)))
-    second = None
-    try:
-        wait_until_paused(marker, first)
+    with paused_child(viano, "txn.before_commit", tmp_path / "paused") as first:
         second = subprocess.Popen(viano, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True, env=child_env())
-        assert second.stderr is not None
-        said = second.stderr.readline()  # returns at the note, or at its exit
-        assert "waiting for another process" in said, said
-        marker.unlink()
-        out1, err1 = first.communicate(timeout=60)
-        out2, err2 = second.communicate(timeout=60)
-    finally:
-        for p in (first, second):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.communicate()
+        try:
+            assert second.stderr is not None
+            said = second.stderr.readline()  # returns at the note, or at its exit
+            assert "waiting for another process" in said, said
+            out1, err1 = first.resume()
+            out2, err2 = second.communicate(timeout=60)
+        finally:
+            if second.poll() is None:
+                second.kill()
+                second.communicate()
     assert first.returncode == 0, err1
     assert second.returncode == 0, err2
     import json
@@ -106,34 +99,54 @@ def test_the_same_command_twice_at_once_both_succeed(cli: Cli, sample: Path, tmp
     assert cli("verify", "--store", target).code == 0
 
 
+def _ctrl_c_in_the_commit(tmp_path: Path, args: list[str]) -> tuple[int | None, str, str]:
+    """``viano ARGS`` paused just before its COMMIT, sent SIGINT there, then let go on."""
+    import signal
+
+    with paused_child([*VIANO, *args], "txn.before_commit", tmp_path / "paused") as child:
+        child.process.send_signal(signal.SIGINT)
+        out, err = child.resume()
+    return child.returncode, out, err
+
+
 def test_ctrl_c_while_its_change_commits(cli: Cli, sample: Path, tmp_path: Path) -> None:
     """Ctrl-C while a reopen's commit is under way (paused just before COMMIT): the change
     lands, so the command says it is done (exit 0, its result), not "interrupted, run it
     again" — which made a second reopening."""
-    import json
-    import signal
-
     store = tmp_path / "s"
     assert cli("intake", "--store", store, "--report", sample / "report.json").code == 0
-    marker = tmp_path / "paused"
-    child = subprocess.Popen([*VIANO, "reopen", "BUG-20", "--json", "--reason", "again",
-                              "--store", str(store)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True,
-                             env=child_env(VIANO_PAUSE_AT="txn.before_commit",
-                                           VIANO_PAUSE_FILE=str(marker)))
-    try:
-        wait_until_paused(marker, child)
-        child.send_signal(signal.SIGINT)
-        marker.unlink()
-        out, err = child.communicate(timeout=60)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.communicate()
-    assert child.returncode == 0, err
+    code, out, err = _ctrl_c_in_the_commit(tmp_path, ["reopen", "BUG-20", "--json",
+                                                      "--reason", "again", "--store",
+                                                      str(store)])
+    assert code == 0, err
     assert "interrupted after the change was committed" in err, err
-    doc = json.loads(out)
-    assert doc["analysis_revision"] == 2 and doc["changed"] is True, doc
+    doc = strict_json(out)
+    assert doc["analysis_revision"] == 2 and doc["changed"] is True, doc  # type: ignore[index]
     r = cli("status", "--json", "--store", store)
     assert r.code == 0 and '"analysis_revision": 2' in r.out, r.out
+    assert cli("verify", "--store", store).code == 0
+
+
+@pytest.mark.parametrize("command", ["intake", "import"])
+def test_ctrl_c_while_a_new_case_commits(cli: Cli, sample: Path, tmp_path: Path,
+                                         command: str) -> None:
+    """The same for the commands that create a case: its whole work was that commit, so
+    once it landed the command prints its result and exits 0 (it said "interrupted")."""
+    store = tmp_path / "s"
+    if command == "import":
+        exported = tmp_path / "e.zip"
+        assert cli("intake", "--store", tmp_path / "a", "--report", sample / "report.json"
+                   ).code == 0
+        assert cli("export", "--store", tmp_path / "a", "BUG-20", exported).code == 0
+        args = ["import", "--json", "--store", str(store), str(exported)]
+    else:
+        args = ["intake", "--json", "--store", str(store), "--report",
+                str(sample / "report.json")]
+    code, out, err = _ctrl_c_in_the_commit(tmp_path, args)
+    assert code == 0, err
+    assert "interrupted after the change was committed" in err, err
+    doc = strict_json(out)
+    assert doc["case_id"] == "BUG-20" and doc["package_generation"] == 1, doc  # type: ignore[index]
+    listed = cli("status", "--json", "--store", store).json
+    assert [c["case_id"] for c in listed] == ["BUG-20"], listed  # type: ignore[union-attr]
     assert cli("verify", "--store", store).code == 0

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import VIANO, child_env, run_viano, wait_until_paused
+from tests.conftest import VIANO, child_env, paused_child, run_viano
 from tests.loopback.process import Provider, start_provider
 from tests.phase_helpers import FIXTURES, SAMPLE
 
@@ -182,22 +182,12 @@ class TestTwoProcesses:
         store = tmp_path / "s"
         _intake(store)
         cfg = _config(tmp_path, provider.port)
-        marker = tmp_path / "paused"
-        a = subprocess.Popen(
-            [*VIANO, "interpret",
-             "BUG-20", "--json", "--store", str(store), "--config", str(cfg)],
-            env=_env(VIANO_PAUSE_AT="phase.entered", VIANO_PAUSE_FILE=str(marker)),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            wait_until_paused(marker, a)
+        argv = [*VIANO, "interpret", "BUG-20", "--json", "--store", str(store), "--config",
+                str(cfg)]
+        with paused_child(argv, "phase.entered", tmp_path / "paused", env=_env) as a:
             code, doc = _interpret(store, cfg)
             assert (code, doc["status"], doc["reason"]) == (11, "DEFERRED", "locked"), doc
-            marker.unlink()
-            out, err = a.communicate(timeout=120)
-        finally:
-            if a.poll() is None:
-                a.kill()
-                a.communicate()
+            out, err = a.resume(timeout=120)
         assert a.returncode == 0, err
         assert json.loads(out)["status"] == "COMPLETED"
         assert len(provider.calls) == 1

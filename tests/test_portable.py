@@ -12,7 +12,7 @@ import trio
 
 from actors import open_store
 from engine import BytesSource, Change, PublishRequest
-from tests.conftest import VIANO, Cli, child_env, run_viano, snapshot, wait_until_paused
+from tests.conftest import VIANO, Cli, child_env, paused_child, run_viano, snapshot
 from tests.store_helpers import open_ro
 
 pytestmark = pytest.mark.usefixtures("backend")
@@ -205,7 +205,6 @@ class TestAKilledExport:
         into the folder keeps that file even when its mtime is far past the age limit, and
         the first then completes."""
         import os
-        import subprocess
         import time
 
         from engine._portable import ABANDONED_AFTER_S
@@ -213,25 +212,14 @@ class TestAKilledExport:
         store, out = tmp_path / "s", tmp_path / "out"
         out.mkdir()
         assert cli("intake", "--store", store, "--report", sample / "report.json").code == 0
-        marker = tmp_path / "paused"
-        first = subprocess.Popen(
-            [*VIANO, "export",
-             "--store", str(store), "BUG-20", str(out / "a.zip")],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=child_env(VIANO_PAUSE_AT="export.written", VIANO_PAUSE_FILE=str(marker)))
-        try:
-            wait_until_paused(marker, first)
+        argv = [*VIANO, "export", "--store", str(store), "BUG-20", str(out / "a.zip")]
+        with paused_child(argv, "export.written", tmp_path / "paused") as first:
             [live] = list(out.iterdir())
             then = time.time() - 2 * ABANDONED_AFTER_S
             os.utime(live, (then, then))
             assert cli("export", "--store", store, "BUG-20", out / "b.zip").code == 0
             assert live.exists()
-            marker.unlink()
-            _out, err = first.communicate(timeout=60)
-        finally:
-            if first.poll() is None:
-                first.kill()
-                first.communicate()
+            _out, err = first.resume()
         assert first.returncode == 0, err
         assert sorted(p.name for p in out.iterdir()) == ["a.zip", "b.zip"]
 

@@ -5,7 +5,6 @@ group commit."""
 from __future__ import annotations
 
 import os
-import subprocess
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +28,7 @@ from engine import (
     read_export,
     verify_store,
 )
-from tests.conftest import PYTHON, Cli, child_env, snapshot, wait_until_paused
+from tests.conftest import PYTHON, Cli, paused_child, snapshot
 from tests.store_helpers import create, open_ro, open_rw, sql
 
 pytestmark = pytest.mark.usefixtures("backend")
@@ -200,23 +199,13 @@ class TestGcAgainstAConcurrentReuse:
         old = 1_000_000_000
         os.utime(store.blob_files.path_for(orphan.sha256), (old, old))
         store.close()
-        marker = tmp_path / "paused"
-        child = subprocess.Popen(
-            [PYTHON, "-c", GC_CHILD, str(root), str(tmp_path / "big.bin")],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=child_env(VIANO_PAUSE_AT="batch.blobs_ready", VIANO_PAUSE_FILE=str(marker)))
-        try:
-            wait_until_paused(marker, child)
+        argv = [PYTHON, "-c", GC_CHILD, str(root), str(tmp_path / "big.bin")]
+        with paused_child(argv, "batch.blobs_ready", tmp_path / "paused") as child:
             r = cli("gc", "--store", root, "--min-age", "0", "--json")
             assert r.code == 0, r.err
             assert r.json["removed_files"] == 1  # type: ignore[index]
             assert not (root / "blobs" / "sha256" / orphan.sha256[:2] / orphan.sha256).exists()
-            marker.unlink()  # let the intake go on
-            out, err = child.communicate(timeout=60)
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.communicate()
+            out, err = child.resume()  # let the intake go on
         assert child.returncode == 0, err
         assert "committed 1" in out
         check = open_ro(root)

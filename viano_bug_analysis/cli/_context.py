@@ -11,7 +11,10 @@ from typing import TypeVar
 
 import trio
 
-from engine import CaseLocked, Config, Store, display_location, open_backend
+from actors import StoreHandle
+from engine import CaseLocked, Config, Published, Store, display_location, open_backend
+
+from ._output import Output
 
 DEFAULT_STORE = "viano-store"
 # Another process holding a case that is being created (an intake or an import of it under
@@ -35,6 +38,28 @@ async def waiting_for_the_case(call: Callable[[], Awaitable[T]],
                 on_wait(f"waiting for another process to finish with the case ({exc.message})")
             await trio.sleep(LOCKED_WAIT_S)
     return await call()
+
+
+def one_change(out: Output, work: Callable[[Callable[[StoreHandle], None]], Awaitable[T]],
+               committed: Callable[[Published], T]) -> T:
+    """Run ``work`` under trio: a command whose whole work is one publication (an intake,
+    an import, a confirmation, a reopening), made through the store handle it passes to
+    the callback it is given.
+
+    A Ctrl-C once the change was sent does not make the command say it was interrupted
+    if the change was committed: its work is done, and running it again would at best
+    find it done and at worst do it twice (a second reopening). It says so, and ends with
+    ``committed(published)``, as if uninterrupted."""
+    handles: list[StoreHandle] = []
+    try:
+        return trio.run(work, handles.append)
+    except KeyboardInterrupt:
+        done = handles[0].last_committed if handles else None
+        if done is None:  # nothing was committed: interrupted it is
+            raise
+        out.note("interrupted after the change was committed: it is kept, and the "
+                 "command's work is done (do not run it again)")
+        return committed(done)
 
 
 def store_location(args: argparse.Namespace, config: Config) -> str:

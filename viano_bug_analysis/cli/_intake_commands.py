@@ -47,7 +47,7 @@ from engine import (
 from engine._text import terminal_safe
 
 from ._batch_commands import _stoppable
-from ._context import store_location, waiting_for_the_case
+from ._context import one_change, store_location, waiting_for_the_case
 from ._output import Output
 
 log = logging.getLogger("viano.intake")
@@ -73,19 +73,24 @@ def cmd_intake(args: argparse.Namespace, out: Output, config: Config) -> int:
         plan = prepare_intake(Path(args.report), attachments, case_id=args.case_id,
                               limits=config.intake.limits, progress=advance,
                               report_format=args.format)
-    published, present = trio.run(_publish_intake, store_location(args, config), plan,
-                                  config.store, out.note)
+    location = store_location(args, config)
+    published, present = one_change(
+        out, lambda keep: _publish_intake(location, plan, config.store, out.note, keep),
+        lambda done: (done, False))
     _print_intake(out, plan, published, present)
     return 0
 
 
 async def _publish_intake(location: str, plan: IntakePlan, settings: StoreConfig,
-                          on_wait: Callable[[str], None] | None = None
+                          on_wait: Callable[[str], None] | None = None,
+                          keep: Callable[[StoreHandle], None] | None = None,
                           ) -> tuple[Published, bool]:
     """The intake published, or (True) the case as it is if this very intake is already
     there (every file it would write is the case's), so running the command again after
     it was interrupted, even after its commit, is not an error."""
     async with open_store(location, settings=settings) as store:
+        if keep is not None:
+            keep(store)
         try:
             return await waiting_for_the_case(lambda: store.intake(plan), on_wait), False
         except CaseExists:

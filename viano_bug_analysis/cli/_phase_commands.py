@@ -39,7 +39,7 @@ from engine import (
     unblock_change,
 )
 
-from ._context import store_location
+from ._context import one_change, store_location
 from ._output import Output
 
 
@@ -131,17 +131,13 @@ def _operation(args: argparse.Namespace, config: Config, out: Output,
                already: Callable[[PackageView], str] | None = None,
                ) -> tuple[Manifest, bool, str | None]:
     """The operation under the case's lease: the head after it, whether it changed
-    anything, and (when it did not) ``already`` of the head.
+    anything, and (when it did not) ``already`` of the head. A Ctrl-C after its commit
+    is not an interruption (:func:`one_change`)."""
 
-    A Ctrl-C once the change was sent does not make the command say it was interrupted
-    if the change was committed: its whole work is done, and running it again would do
-    it twice (a second reopening). It says so and ends as if uninterrupted."""
-    handles: list[StoreHandle] = []
-
-    async def go() -> tuple[Manifest, bool, str | None]:
+    async def go(keep: Callable[[StoreHandle], None]) -> tuple[Manifest, bool, str | None]:
         async with open_store(store_location(args, config), create=False,
                               settings=config.store) as store:
-            handles.append(store)
+            keep(store)
             snap = await case_operation(store, args.case, make)
             if snap is not None:
                 return snap.manifest, True, None
@@ -150,15 +146,7 @@ def _operation(args: argparse.Namespace, config: Config, out: Output,
             said = None if already is None else await store.run_sync(already, view)
             return head.manifest, False, said
 
-    try:
-        return trio.run(go)
-    except KeyboardInterrupt:
-        done = handles[0].last_committed if handles else None
-        if done is None:  # nothing was committed: interrupted it is
-            raise
-        out.note("interrupted after the change was committed: it is kept, and the "
-                 "command's work is done (do not run it again)")
-        return done.manifest, True, None
+    return one_change(out, go, lambda done: (done.manifest, True, None))
 
 
 def _who(args: argparse.Namespace) -> str:

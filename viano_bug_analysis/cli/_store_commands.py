@@ -10,9 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import trio
-
-from actors import open_store
+from actors import StoreHandle, open_store
 from engine import (
     PHASE_CHECKS,
     CaseRef,
@@ -39,6 +37,7 @@ from engine import (
 )
 
 from ._context import (
+    one_change,
     reading,
     store_location,
     store_named,
@@ -322,8 +321,9 @@ def cmd_export(args: argparse.Namespace, out: Output, config: Config) -> int:
 
 def cmd_import(args: argparse.Namespace, out: Output, config: Config) -> int:
     request = read_export(Path(args.file), config.intake.limits)
-    published = trio.run(_import, store_location(args, config), request, config.store,
-                         out.note)
+    location = store_location(args, config)
+    published = one_change(out, lambda keep: _import(location, request, config.store,
+                                                     out.note, keep), lambda done: done)
     doc = {"case_id": published.case_id, "package_id": published.package_id,
            "package_generation": published.generation}
     if out.as_json:
@@ -335,8 +335,10 @@ def cmd_import(args: argparse.Namespace, out: Output, config: Config) -> int:
 
 
 async def _import(location: str, request: ImportRequest, settings: StoreConfig,
-                  on_wait: Callable[[str], None]) -> Published:
+                  on_wait: Callable[[str], None], keep: Callable[[StoreHandle], None]
+                  ) -> Published:
     async with open_store(location, settings=settings) as store:
+        keep(store)
         # The same export imported twice at once: the second waits, then finds the history
         # in place (an identical import is a no-op), instead of exiting locked.
         return await waiting_for_the_case(lambda: store.import_package(request), on_wait)

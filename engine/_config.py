@@ -18,7 +18,7 @@ import attrs
 import cattrs
 
 from ._errors import ConfigError
-from ._store._sources import NotRegularFile, open_regular
+from ._store._sources import NotRegularFile, WouldWait, open_regular
 from ._strict import STRICT, structure_errors
 
 DEFAULT_CONFIG_PATH = Path("config/analysis.local.toml")
@@ -254,6 +254,10 @@ class Config:
             raise ConfigError(f"{p}: configuration file not found") from exc
         except NotRegularFile as exc:
             raise ConfigError(f"{p}: {exc.kind}, not a regular file",
+                              hint="Pass --config a TOML file (see "
+                                   "config/analysis.example.toml).") from exc
+        except WouldWait as exc:
+            raise ConfigError(f"{p}: cannot read configuration ({exc.strerror})",
                               hint="Pass --config a TOML file (see "
                                    "config/analysis.example.toml).") from exc
         except (OSError, UnicodeDecodeError) as exc:

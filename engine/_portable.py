@@ -42,7 +42,7 @@ from ._errors import (
     InvalidCaseId,
 )
 from ._ids import validate_case_id
-from ._intake import archive_kind, check_regular, scan_archive
+from ._intake import archive_kind, check_regular, scan_archive, unreadable
 from ._json import UntrustedJson, loads_untrusted
 from ._phases import import_problems
 from ._store import (
@@ -58,7 +58,7 @@ from ._store._blobs import fsync_dir
 from ._store._common import parse_stored_manifest
 from ._store._crash import crash_point
 from ._store._manifest import MAX_REVISION
-from ._store._sources import open_regular
+from ._store._sources import WouldWait, open_regular
 from ._store._sqlite_open import DB_NAME, ID_NAME
 
 log = logging.getLogger("viano.export")
@@ -271,6 +271,8 @@ def read_export_structure(path: Path, limits: IntakeLimits) -> ImportRequest:
     check_regular(path)
     try:
         return _read_structure(path, limits)
+    except WouldWait as exc:  # regular to stat, a stream when read (/proc/kmsg)
+        raise unreadable(path, exc) from exc
     except (OSError, EOFError, zipfile.BadZipFile) as exc:
         # check_regular opened it: what fails now was replaced or changed meanwhile.
         raise ImportRejected(f"{path}: the export could not be read as it was checked "

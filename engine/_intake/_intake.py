@@ -22,7 +22,13 @@ from .._config import IntakeLimits
 from .._errors import ArchiveRejected, ChangeRejected, InputRejected, UsageError
 from .._ids import validate_case_id
 from .._store import BytesSource, Change, FileSource, Manifest, validate_logical_path
-from .._store._sources import BlobSource, NotRegularFile, hash_stream, open_regular
+from .._store._sources import (
+    BlobSource,
+    NotRegularFile,
+    WouldWait,
+    hash_stream,
+    open_regular,
+)
 from ._archives import archive_kind, named_kind, scan_open_archive
 from ._catalogue import CatalogueBuilder, media_type
 from ._formats import parse_report
@@ -260,10 +266,16 @@ def check_regular(path: Path) -> None:
         raise InputRejected(f"{_shown(path)}: {exc.kind}, not a regular file",
                             hint="Name a regular file.") from exc
     except OSError as exc:
-        raise InputRejected(f"{_shown(path)}: cannot be read ({exc.strerror or exc})",
-                            reason="unreadable_input",
-                            hint="Check that the file is readable by you and run the command "
-                                 "again.") from exc
+        raise unreadable(path, exc) from exc
+
+
+def unreadable(path: Path, exc: OSError) -> InputRejected:
+    """The refusal of an input that could not be read (permissions, I/O, a pseudo-file)."""
+    hint = ("Copy what you need from it into a regular file, and name that file."
+            if isinstance(exc, WouldWait) else
+            "Check that the file is readable by you and run the command again.")
+    return InputRejected(f"{_shown(path)}: cannot be read ({exc.strerror or exc})",
+                         reason="unreadable_input", hint=hint)
 
 
 @contextmanager
@@ -272,10 +284,7 @@ def _readable(path: Path) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        raise InputRejected(f"{_shown(path)}: cannot be read ({exc.strerror or exc})",
-                            reason="unreadable_input",
-                            hint="Check that the file is readable by you and run the command "
-                                 "again.") from exc
+        raise unreadable(path, exc) from exc
 
 
 def _read_small(path: Path, limit: int) -> bytes:

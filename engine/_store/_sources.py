@@ -20,7 +20,7 @@ import os
 import stat
 import zipfile
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
 import attrs
 
@@ -40,13 +40,48 @@ class NotRegularFile(OSError):
         self.kind = kind
 
 
+class WouldWait(OSError):
+    """A read of a "regular" file that would wait for data: a pseudo-file such as
+    ``/proc/kmsg``, which ``stat`` calls regular but which is a stream, not stored bytes."""
+
+    def __init__(self, name: str):
+        super().__init__(errno.EAGAIN, "reading it would wait for data: a pseudo-file "
+                         "(such as /proc/kmsg), not a file's stored bytes", name)
+
+
+class _NeverWaits(io.FileIO):
+    """A regular file's descriptor, left non-blocking: a read that would wait raises
+    :class:`WouldWait` instead of waiting forever, or of returning ``None``, which buffered
+    readers pass on and callers take for the end of the file (an empty file stored)."""
+
+    def readinto(self, buffer: Any) -> int:
+        n = super().readinto(buffer)
+        if n is None:
+            raise WouldWait(str(self.name))
+        return n
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = super().read(size)
+        if data is None:
+            raise WouldWait(str(self.name))
+        return data
+
+    def readall(self) -> bytes:
+        data = super().readall()
+        if data is None:
+            raise WouldWait(str(self.name))
+        return data
+
+
 def open_regular(path: Path) -> BinaryIO:
     """``path`` opened for reading, if what is opened is a regular file: judged on the open
     descriptor, so a file swapped for a FIFO or a device after an earlier check is refused,
-    never read. ``O_NONBLOCK`` keeps the open itself from waiting for a FIFO's writer (it
-    changes nothing for a regular file); a path that names no regular file when it is first
-    looked at is not opened at all (opening some devices has effects). Raises
-    :class:`NotRegularFile` (an ``OSError``)."""
+    never read. ``O_NONBLOCK`` keeps the open itself from waiting for a FIFO's writer, and
+    stays set: it changes nothing for a file's stored bytes, and a pseudo-file that is
+    regular to ``stat`` but waits for data when read (``/proc/kmsg``) raises
+    :class:`WouldWait` instead of hanging the command. A path that names no regular file
+    when it is first looked at is not opened at all (opening some devices has effects).
+    Raises :class:`NotRegularFile` (an ``OSError``)."""
     mode = os.stat(path).st_mode
     if not stat.S_ISREG(mode):
         raise NotRegularFile(path, mode)
@@ -55,11 +90,12 @@ def open_regular(path: Path) -> BinaryIO:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise NotRegularFile(path, mode)
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
+        raw = _NeverWaits(fd, "rb", closefd=True)
     except BaseException:
         os.close(fd)
         raise
+    raw.name = str(path)  # FileIO names an fd by its number
+    return io.BufferedReader(raw)
 
 
 def read_text_file(path: Path, limit: int = 4096) -> str:

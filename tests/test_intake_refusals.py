@@ -264,3 +264,30 @@ class TestReportRefusals:
                 "--attach", f"diagnostics={diag}")
         assert r.code == 2, r.out
         assert r.json["error"]["reason"] == "case_exists", r.out  # type: ignore[index]
+
+    def test_the_same_originals_in_another_order_say_so(
+            self, cli: Cli, sample: Path, tmp_path: Path) -> None:
+        """The same intake with its --attach flags in another order stores the same
+        originals under another catalogue (S-numbers follow the order given): it stays
+        case_exists, with nothing written, but says that the case holds these very
+        originals, single and bulk, instead of the bare "already exists" that sent the
+        user looking for a difference."""
+        root = tmp_path / "s"
+        diag, src = f"diagnostics={sample / 'wowdiag.zip'}", f"source={sample / 'wowsrc.zip'}"
+        report = sample / "report.json"
+        first = cli("intake", "--store", root, "--report", report, "--attach", diag,
+                    "--attach", src)
+        assert first.code == 0, first.err
+        before = snapshot(root)
+        again = cli("intake", "--json", "--store", root, "--report", report, "--attach", src,
+                    "--attach", diag)
+        assert again.code == 2, again.out
+        error = again.json["error"]  # type: ignore[index]
+        assert error["reason"] == "case_exists", error
+        assert "same originals" in error["message"] and "another order" in error["message"]
+        assert "viano show BUG-20" in error["hint"], error
+        assert snapshot(root) == before
+        # Other originals under the same case id keep the plain refusal.
+        other = cli("intake", "--json", "--store", root, "--report", report, "--attach", diag)
+        assert other.code == 2 and "same originals" not in other.out, other.out
+        assert snapshot(root) == before

@@ -75,9 +75,19 @@ class IntakePlan:
         every file it would write is there with the same bytes (inputs and case/ documents
         are write-once, so a later head still holds them as written). The one rule single
         and bulk intake use for "already present"."""
+        return self._held(manifest, "")
+
+    def same_originals(self, manifest: Manifest) -> bool:
+        """Whether the case whose head is ``manifest`` holds exactly the originals this
+        intake would store (``inputs/``), byte for byte, whatever its own documents say (a
+        catalogue built from the attachments in another order, or under other limits)."""
+        ours = {p for p in self.change.files if p.startswith("inputs/")}
+        return ours == set(manifest.paths_under("inputs/")) and self._held(manifest, "inputs/")
+
+    def _held(self, manifest: Manifest, prefix: str) -> bool:
         held = manifest.files
         return all(path in held and held[path].sha256 == source.sha256
-                   for path, source in self.change.files.items())
+                   for path, source in self.change.files.items() if path.startswith(prefix))
 
 
 def prepare_intake(report_path: Path, attachments: Sequence[Attachment], *,

@@ -93,24 +93,34 @@ async def _publish_intake(location: str, plan: IntakePlan, settings: StoreConfig
             keep(store)
         try:
             return await waiting_for_the_case(lambda: store.intake(plan), on_wait), False
-        except CaseExists:
+        except CaseExists as exc:
             present = await _already_present(store, plan)
-            if present is None:
-                raise
-            return present, True
+            if isinstance(present, Published):
+                return present, True
+            raise (present or exc) from None
 
 
-async def _already_present(store: StoreHandle, plan: IntakePlan) -> Published | None:
-    """The existing case as it is, if this very intake is in it (:meth:`IntakePlan.is_in`);
-    None if it holds other inputs or its head cannot be read (a damaged head proves
-    nothing). The one rule single and bulk intake use."""
+async def _already_present(store: StoreHandle, plan: IntakePlan
+                           ) -> Published | CaseExists | None:
+    """The existing case as it is, if this very intake is in it (:meth:`IntakePlan.is_in`).
+    A refusal that says so if it holds the same originals catalogued otherwise (the
+    attachments given in another order); None if it holds other inputs or its head cannot
+    be read (a damaged head proves nothing). The one rule single and bulk intake use."""
     try:
         ref, snap = await store.head(plan.case_id)
     except StorageError:
         return None
-    if not plan.is_in(snap.manifest):
-        return None
-    return Published(ref.package_id, ref.case_id, ref.generation, snap.manifest, ref.status)
+    if plan.is_in(snap.manifest):
+        return Published(ref.package_id, ref.case_id, ref.generation, snap.manifest,
+                         ref.status)
+    if plan.same_originals(snap.manifest):
+        return CaseExists(
+            f"case {plan.case_id!r} already holds these same originals, catalogued "
+            "otherwise (the attachments given in another order, or other intake limits); "
+            "nothing written",
+            hint=f"The case is there: 'viano show {plan.case_id}' lists it. To take the "
+                 "originals in again as another case, pass --case-id.")
+    return None
 
 
 def _print_intake(out: Output, plan: IntakePlan, published: Published, present: bool) -> None:
@@ -391,9 +401,9 @@ async def _existing(store: StoreHandle, item: _Item, plan: IntakePlan, done: Don
     a case with other inputs, or one whose head cannot be read, is refused
     (``case_exists``)."""
     present = await _already_present(store, plan)
-    if present is not None:
+    if isinstance(present, Published):
         done("present", {"report": item.label, "case_id": plan.case_id,
                          "package_id": present.package_id})
     else:
-        done("refused", _refusal(item, CaseExists(
+        done("refused", _refusal(item, present or CaseExists(
             f"case {plan.case_id!r} already exists with other inputs"), plan.case_id))

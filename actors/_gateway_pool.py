@@ -183,8 +183,9 @@ class GatewayPool:
                        retry: int) -> AttemptResult:
         p = state.config
         ctx = AttemptContext(provider=p, prompt=request.prompt, attempt=attempt, retry=retry,
-                             redactor=self.redactor, max_output_bytes=request.max_output_bytes
-                             or self.config.max_output_bytes)
+                             redactor=self.redactor,
+                             max_output_bytes=request.output_limit(
+                                 self.config.max_output_bytes))
         started, started_at = time.monotonic(), _now()
         if p.kind == "fixture":
             async with state.limiter:
@@ -250,6 +251,7 @@ class RoundMsg:
     done: trio.Event = attrs.field(factory=trio.Event)
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     outcome: RoundOutcome | None = None
+    error: Exception | None = None  # a bug met serving this round, raised to its caller
 
 
 async def run_gateway_pool(inbox: trio.MemoryReceiveChannel[RoundMsg], pool: GatewayPool, *,
@@ -273,9 +275,14 @@ async def run_gateway_pool(inbox: trio.MemoryReceiveChannel[RoundMsg], pool: Gat
 
 
 async def _serve(pool: GatewayPool, msg: RoundMsg) -> None:
+    """One round. A bug met while serving it is its caller's (that case's internal error),
+    raised there: in the pool's nursery it would end the pool, and with it every round in
+    flight and the process (a daemon included, again at each restart on the same answer)."""
     try:
         with msg.scope:
             msg.outcome = await pool.run_round(msg.request)
+    except Exception as exc:
+        msg.error = exc
     finally:
         msg.done.set()
 
@@ -298,6 +305,8 @@ class GatewayHandle:
         finally:
             if not msg.done.is_set():
                 msg.scope.cancel()
+        if msg.error is not None:
+            raise msg.error
         if msg.outcome is None:
             raise GatewayCancelled("the round was cancelled")
         return msg.outcome

@@ -41,6 +41,12 @@ CASES = {
     "deep": (INV, {"json_too_deep"}, RoundStatus.INVALID_ANSWER, 1),
     "duplicate_keys": (INV, {"json_duplicate_key"}, RoundStatus.INVALID_ANSWER, 1),
     "list": (INV, {"not_an_object"}, RoundStatus.INVALID_ANSWER, 1),
+    # The envelope is read as strictly as the answer: deep nesting beside a good answer was
+    # a RecursionError that ended the gateway pool (and a daemon with it); a second
+    # "choices" or a NaN was read silently.
+    "envelope_deep": (INV, {"bad_envelope"}, RoundStatus.INVALID_ANSWER, 1),
+    "envelope_duplicate": (INV, {"bad_envelope"}, RoundStatus.INVALID_ANSWER, 1),
+    "envelope_nan": (INV, {"bad_envelope"}, RoundStatus.INVALID_ANSWER, 1),
 }
 
 

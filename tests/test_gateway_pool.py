@@ -436,3 +436,65 @@ class TestStraightToTheTransport:
         assert outcome.status is RoundStatus.CONFIGURATION, dump(outcome)
         assert [a.failure for a in outcome.attempts] == [FailureClass.CONFIGURATION]
         assert "DISTINCTIVE" not in dump(outcome) and srv.requests == []
+
+
+class TestWhatTheOperatorBounds:
+    @pytest.mark.parametrize("phase_limit", [None, 8 * 1024 * 1024])
+    async def test_the_gateways_output_limit_bounds_every_call(
+            self, nursery: trio.Nursery, phase_limit: int | None) -> None:
+        """``[gateway] max_output_bytes`` (1 MiB here) caps a call whatever the phase's own
+        limit: a phase asking for 8 MiB took precedence, and a 3 MiB answer was read whole
+        and accepted."""
+        [srv] = await _servers(nursery, "oversized")
+        async with open_gateway([provider("p1", "openai", srv.openai_url, retries=0)], FAST,
+                                environ=ENV) as gw:
+            outcome = await gw.round(attrs.evolve(request(), max_output_bytes=phase_limit))
+        assert outcome.status is RoundStatus.INVALID_ANSWER, dump(outcome)
+        assert [a.detail for a in outcome.attempts] == ["output_limit_exceeded"]
+
+    async def test_a_phase_limit_below_the_gateways_still_applies(
+            self, nursery: trio.Nursery) -> None:
+        [srv] = await _servers(nursery, "ok")
+        async with open_gateway([provider("p1", "openai", srv.openai_url, retries=0)], FAST,
+                                environ=ENV) as gw:
+            outcome = await gw.round(attrs.evolve(request(), max_output_bytes=16))
+        assert [a.detail for a in outcome.attempts] == ["output_limit_exceeded"], dump(outcome)
+
+
+class TestABugServingOneRound:
+    async def test_it_is_raised_to_that_caller_alone_and_the_pool_serves_on(
+            self, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A bug met while one round is served (here planted in the attempt of BUG-1) is
+        raised to that round's caller, the case's own internal error. It was raised in the
+        pool's nursery, which ended the pool and every round in flight with it: one bad
+        answer took a whole daemon down, again at each restart."""
+        from actors import _gateway_pool
+
+        real = _gateway_pool.http_attempt
+
+        async def planted(transport: httpx.AsyncBaseTransport, call: object, ctx: object,
+                          timeouts: object) -> object:
+            if ctx.prompt.case_id == "BUG-1":  # type: ignore[attr-defined]
+                raise RecursionError("planted: a bug in reading one answer")
+            return await real(transport, call, ctx, timeouts)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(_gateway_pool, "http_attempt", planted)
+        [srv] = await _servers(nursery, "ok")
+        raised: list[BaseException] = []
+        outcomes: dict[str, RoundOutcome] = {}
+        async with open_gateway([provider("p1", "openai", srv.openai_url)], FAST,
+                                environ=ENV) as gw:
+            async def one(case_id: str) -> None:
+                try:
+                    outcomes[case_id] = await gw.round(request(case_id))
+                except RecursionError as exc:
+                    raised.append(exc)
+
+            async with trio.open_nursery() as inner:
+                for case_id in ("BUG-1", "BUG-2", "BUG-3"):
+                    inner.start_soon(one, case_id)
+            after = await gw.round(request("BUG-4"))
+        assert [str(e) for e in raised] == ["planted: a bug in reading one answer"]
+        assert sorted(outcomes) == ["BUG-2", "BUG-3"]
+        assert all(o.status is RoundStatus.ANSWER for o in outcomes.values()), outcomes
+        assert after.status is RoundStatus.ANSWER, dump(after)

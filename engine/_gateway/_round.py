@@ -25,6 +25,13 @@ class RoundRequest:
     prompt: Prompt
     max_output_bytes: int | None = None  # None: the gateway's configured limit
 
+    def output_limit(self, gateway_limit: int) -> int:
+        """The most bytes an answer may have: the phase's own (pinned) limit, never above
+        the gateway's ``max_output_bytes``, the operator's guard for every call."""
+        if self.max_output_bytes is None:
+            return gateway_limit
+        return min(self.max_output_bytes, gateway_limit)
+
 
 @attrs.frozen
 class RoundOutcome:

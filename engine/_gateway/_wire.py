@@ -17,6 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 import attrs
 
 from .._config import ProviderConfig
+from .._json import UntrustedJson, loads_untrusted
 
 ANTHROPIC_VERSION = "2023-06-01"
 ANTHROPIC_MAX_TOKENS = 8192
@@ -80,10 +81,13 @@ def build_call(provider: ProviderConfig, secret: str | None, prompt: Prompt) -> 
 
 
 def extract_content(kind: str, raw: bytes) -> str:
+    """The answer text inside a provider's response body, read as strictly as any JSON
+    Viano did not write: deep nesting, duplicate keys (two ``choices``, of which one would
+    win silently) and ``NaN`` are a bad envelope, never an internal error."""
     try:
-        doc = json.loads(raw)
-    except ValueError as exc:
-        raise EnvelopeError("the response body is not JSON") from exc
+        doc = loads_untrusted(raw)
+    except UntrustedJson as exc:
+        raise EnvelopeError(f"the response body is not acceptable JSON ({exc})") from exc
     try:
         if kind == "openai":
             content = doc["choices"][0]["message"]["content"]

@@ -13,7 +13,10 @@ echo_path (404 echoing the path), header_echo (401 repeating the key in a respon
 401_json (the key JSON-escaped), 401_u (every character as a JSON unicode escape), 401_url
 (percent-encoded), 401_html (character references), 401_straddle (the key across the
 64 KiB audit cut), oversized_echo (the key across the output-limit cut); deep (nesting past the JSON
-reader's depth) and duplicate_keys; held (answered once ``release`` is set). A refused
+reader's depth) and duplicate_keys; the same three faults in the envelope around a good
+answer: envelope_deep (3,000 levels beside it), envelope_duplicate (the answer's key twice:
+``choices`` or ``content``, the second holding another answer) and envelope_nan; held (answered once
+``release`` is set). A refused
 connection is a port nobody listens on: :func:`dead_port`.
 """
 
@@ -34,7 +37,7 @@ MODES = ("ok", "close", "hang", "drip", "500", "502", "503", "429", "429-long", 
          "403", "404", "400", "malformed", "truncated", "oversized", "empty", "fenced", "prose",
          "extra_keys", "list", "redirect", "echo_path", "header_echo", "401_json", "401_u",
          "401_url", "401_html", "401_straddle", "oversized_echo", "deep", "duplicate_keys",
-         "held")
+         "envelope_deep", "envelope_duplicate", "envelope_nan", "held")
 ECHO_MODES = ("401", "redirect", "echo_path", "header_echo", "401_json", "401_u", "401_url",
               "401_html", "401_straddle", "oversized_echo")
 AUDIT_CUT = 64 * 1024
@@ -194,6 +197,10 @@ class LoopbackServer:
         if mode == "malformed":
             await _send_raw(conn, stream, 200, b'{"choices": [ {"message": ')
             return True
+        if mode.startswith("envelope_"):
+            good = _envelope(anthropic, self._content("ok", received.prompt_id))
+            await _send_raw(conn, stream, 200, _bad_envelope(mode, anthropic, good))
+            return True
         custom = self.content_for(received) if self.content_for and mode == "ok" else None
         body = _envelope(anthropic, custom if custom is not None else
                          self._content(mode, received.prompt_id))
@@ -272,6 +279,19 @@ class LoopbackServer:
         if mode == "oversized":
             return json.dumps({**answer, "padding": "x" * (3 * 1024 * 1024)})
         return json.dumps(answer)
+
+
+def _bad_envelope(mode: str, anthropic: bool, good: bytes) -> bytes:
+    """A good envelope with one fault added beside its answer (the answer itself intact)."""
+    assert good.startswith(b"{")
+    if mode == "envelope_deep":
+        return b'{"x": ' + b"[" * 3000 + b"]" * 3000 + b", " + good[1:]
+    if mode == "envelope_duplicate":  # a second, other answer, which json.loads would take
+        other = json.dumps({"summary": "other", "items": []})
+        second = ({"content": [{"type": "text", "text": other}]} if anthropic else
+                  {"choices": [{"index": 0, "message": {"role": "assistant", "content": other}}]})
+        return good[:-1] + b", " + json.dumps(second).encode()[1:]
+    return good[:-1] + b', "score": NaN}'
 
 
 def _envelope(anthropic: bool, content: str) -> bytes:

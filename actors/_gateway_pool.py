@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
 import ssl
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -68,6 +69,10 @@ class Shard:
                 await self.transport.aclose()
 
 
+# What an API key is made of: printable ASCII, no spaces (what an HTTP header can carry).
+_KEY_TEXT = re.compile(r"[!-~]+")
+
+
 @attrs.define(eq=False)
 class ProviderState:
     config: ProviderConfig
@@ -101,6 +106,10 @@ class GatewayPool:
         for p in providers:
             secret = env.get(p.api_key_env) if p.api_key_env else None
             if secret:
+                # As given, and without the line end a key read from a file keeps (no key
+                # has one): masked in both forms, sent in the second.
+                self.redactor.add(secret)
+                secret = secret.strip()
                 self.redactor.add(secret)
             self.redactor.add_url_secrets(p.base_url)
             self.stats[p.name] = ProviderStats()
@@ -195,6 +204,14 @@ class GatewayPool:
                 ctx, None, started, started_at, failure=FailureClass.CONFIGURATION,
                 detail="missing_api_key",
                 error=f"environment variable {p.api_key_env} is not set"))
+        if state.secret and _KEY_TEXT.fullmatch(state.secret) is None:
+            # Sent, it fails in the HTTP layer with the key in the error text (its bytes'
+            # repr, which no mask form covers), classed unavailable and retried every round.
+            return AttemptResult(make_record(
+                ctx, None, started, started_at, failure=FailureClass.CONFIGURATION,
+                detail="invalid_api_key",
+                error=f"environment variable {p.api_key_env} holds a character no API key "
+                      "has (a space, a control character or a non-ASCII one) inside it"))
         call = build_call(p, state.secret, request.prompt)
         async with state.limiter:
             started, started_at = time.monotonic(), _now()

@@ -127,3 +127,66 @@ async def test_no_echo_of_a_secret_survives_in_any_form(nursery: trio.Nursery, k
     sent = "".join(r.headers.get("authorization", "") + r.headers.get("x-api-key", "") + r.path
                    for r in srv.requests)
     assert secrets[-1] in sent  # it really was sent, so every echo had it to repeat
+
+
+ODD_KEYS = ["sk-ODDKEY-tail-0123456789\n", "sk-ODDKEY-in\tside-0123456789",
+            "sk-ODDKEY-caf\u00e9-0123456789", "sk-ODDKEY-\x0b-vt-0123456789"]
+
+
+def _renderings(secret: str) -> list[str]:
+    """How error texts and echoes write a secret that holds a control or non-ASCII
+    character: a bytes repr (h11's "Illegal header value b'…'"), a str repr, JSON (both
+    escapings), URL-encoded UTF-8 and HTML character references."""
+    import json
+    from urllib.parse import quote
+
+    return [repr(secret.encode("utf-8")), repr(secret), json.dumps(secret),
+            json.dumps(secret, ensure_ascii=False), quote(secret, safe=""),
+            secret.encode("ascii", "xmlcharrefreplace").decode()]
+
+
+@pytest.mark.parametrize("secret", ODD_KEYS)
+def test_a_secret_with_an_odd_character_is_masked_in_every_rendering(secret: str) -> None:
+    """The mask knew each character's JSON \\u, %xx (ASCII only) and HTML forms: a key with
+    a newline, written as its bytes' repr in an HTTP library's error, survived whole."""
+    from engine import Redactor
+
+    redactor = Redactor([secret])
+    for text in _renderings(secret):
+        masked = redactor.text(f"error: {text} (in a header)")
+        assert "ODDKEY" not in masked, (text, masked)
+        assert "[REDACTED]" in masked
+
+
+async def test_a_key_with_a_line_end_is_sent_without_it_and_masked(
+        nursery: trio.Nursery) -> None:
+    """A key read from a file keeps the file's line end: sent as it was, it failed in the
+    HTTP layer with the key in the error text (round records and exports held it), classed
+    unavailable and retried every round. The line end is dropped, as no key has one."""
+    srv = LoopbackServer()
+    await nursery.start(srv.serve)
+    key = "sk-ODDKEY-tail-0123456789"
+    async with open_gateway([provider("a", "openai", srv.openai_url)], GatewayConfig(),
+                            environ={"VIANO_TEST_KEY": key + "\r\n"}) as gw:
+        outcome = await gw.round(request())
+    assert outcome.status.value == "answer", dump(outcome)
+    assert srv.requests[0].headers["authorization"] == f"Bearer {key}"
+    assert "ODDKEY" not in dump(outcome)
+
+
+@pytest.mark.parametrize("secret", [k for k in ODD_KEYS if not k.endswith("\n")])
+async def test_a_key_with_an_odd_character_inside_is_a_configuration_failure(
+        nursery: trio.Nursery, secret: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A space, control or non-ASCII character inside a key: never sent (no header can
+    carry it), provider_configuration at once (the next provider, no retry), and the key
+    is in no record or log line."""
+    caplog.set_level(logging.DEBUG)
+    srv = LoopbackServer()
+    await nursery.start(srv.serve)
+    async with open_gateway([provider("a", "openai", srv.openai_url, retries=2)],
+                            GatewayConfig(), environ={"VIANO_TEST_KEY": secret}) as gw:
+        outcome = await gw.round(request())
+    assert outcome.status.value == "provider_configuration", dump(outcome)
+    assert [a.detail for a in outcome.attempts] == ["invalid_api_key"]
+    assert srv.requests == []
+    assert "ODDKEY" not in dump(outcome) and "ODDKEY" not in caplog.text

@@ -49,12 +49,23 @@ def _char_pattern(ch: str) -> str:
         forms.append(rf"\\+u{code:04x}")                 # JSON \u00xx (any backslashes)
     if code < 0x80:
         forms.append(rf"%(?:25)*{code:02x}")             # URL %xx, %25xx (double-encoded)
-        forms.append(rf"&#(?:x0*{code:x}|0*{code});")    # HTML character references
+    forms.append(rf"&#(?:x0*{code:x}|0*{code});")        # HTML character references
     if ch == "/":
         forms.append(r"\\+/")
     if ch == " ":
         forms.append(r"\+")
+    if ch in _C_ESCAPES:                                 # JSON and repr: \n \r \t
+        forms.append(rf"\\+{_C_ESCAPES[ch]}")
+    if code < 0x20 or 0x7f <= code < 0x100:
+        forms.append(rf"\\+x{code:02x}")                # a str's repr: \x0b, \xe9
+    if code >= 0x80:
+        utf8 = ch.encode("utf-8", "surrogatepass")
+        forms.append("".join(rf"\\+x{b:02x}" for b in utf8))      # a bytes repr: \xc3\xa9
+        forms.append("".join(rf"%(?:25)*{b:02x}" for b in utf8))  # URL-encoded UTF-8
     return "(?:" + "|".join(forms) + ")"
+
+
+_C_ESCAPES = {"\n": "n", "\r": "r", "\t": "t", "\b": "b", "\f": "f"}
 
 
 def _secret_pattern(secret: str) -> str:
@@ -119,8 +130,8 @@ class Redactor:
         if "%" in value or "&#" in value or "\\u" in value or "\\U" in value:
             return False
         secrets = self._secrets
-        if any(" " in s or not s.isascii() for s in secrets):
-            return False
+        if any(" " in s or not s.isascii() or not s.isprintable() for s in secrets):
+            return False  # escaped forms (\n, \xc3, %c3) differ from the secret itself
         low = value.lower()
         if any(ch in value for ch in _IGNORECASE_CHARS):  # rare: translate() is slow
             low = value.translate(_IGNORECASE_ASCII).lower()

@@ -14,7 +14,30 @@ import signal
 import sys
 
 
+def _standard_streams_open() -> None:
+    """A closed stdin, stdout or stderr (``viano … >&-``) is opened on /dev/null. Left
+    closed, the next file the process opens takes its number, and whatever is printed
+    then lands in that file: a store's database or blob, an export, an event log."""
+    import os
+
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+    if sys.stdin is None:
+        sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
+
+
 def run() -> None:
+    _standard_streams_open()
     pressed: list[int] = []
     previous = {sig: signal.signal(sig, lambda signum, _frame: pressed.append(signum))
                 for sig in (signal.SIGINT, signal.SIGTERM)}

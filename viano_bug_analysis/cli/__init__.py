@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import traceback
@@ -12,7 +13,7 @@ from engine import EXIT_INTERRUPTED, Config, VianoError, tune_collector
 from ._commands import COMMANDS
 from ._context import store_path
 from ._events import event_log
-from ._output import Output, quiet_stdout
+from ._output import Output, OutputUnwritable, quiet_stdout, writing_stdout
 from ._parser import Shown, build_parser
 
 
@@ -59,15 +60,22 @@ def _only_cancelled(exc: BaseException) -> bool:
 
 def _report(out: Output, exc: BaseException) -> int:
     if isinstance(exc, Shown):  # --help or --version
-        if out.as_json:
-            out.document(exc.document)
-        else:
-            sys.stdout.write(exc.text)
+        try:
+            if out.as_json:
+                out.document(exc.document)
+            else:
+                with writing_stdout():
+                    sys.stdout.write(exc.text)
+        except OutputUnwritable as unwritable:
+            return _report(out, unwritable)
+        except BrokenPipeError:
+            quiet_stdout()
         return 0
     if isinstance(exc, SystemExit):
         return exc.code if isinstance(exc.code, int) else 0
     if isinstance(exc, VianoError):
-        out.error(exc)
+        with contextlib.suppress(OSError):  # stderr gone too: the exit code says it
+            out.error(exc)
         return exc.exit_code
     if isinstance(exc, KeyboardInterrupt):
         error = VianoError("interrupted: only committed generations were kept",
@@ -94,7 +102,11 @@ def run() -> None:
     tune_collector()
     code = main()
     try:
-        sys.stdout.flush()
+        with writing_stdout():
+            sys.stdout.flush()
     except BrokenPipeError:
         quiet_stdout()
+    except OutputUnwritable as exc:
+        quiet_stdout()  # the interpreter's own last flush would fail again
+        code = code or _report(Output(as_json=False), exc)
     sys.exit(code)

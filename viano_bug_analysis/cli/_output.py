@@ -8,6 +8,7 @@ Rich markup; the JSON document escapes C1 controls and bidi overrides as ``\\u``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -46,6 +47,33 @@ def json_text(value: Any, *, indent: int | None = 2, ascii_only: bool = False) -
     """``value`` as one JSON document that every strict parser reads as UTF-8."""
     text = json.dumps(_no_lone_surrogates(value), indent=indent, ensure_ascii=ascii_only)
     return text if ascii_only else _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+class OutputUnwritable(VianoError):
+    """Standard output refused the result (a full disk, an I/O error): the command's work
+    is done (what it had to write is durable); only its report is lost. Exit 1, never
+    ``internal_error``."""
+
+    default_reason = "output_unwritable"
+    default_hint = ("Free space where standard output goes, or send it elsewhere; what the "
+                    "command wrote to the store is kept ('viano status' shows it).")
+
+    @classmethod
+    def of(cls, exc: OSError) -> OutputUnwritable:
+        return cls(f"the result could not be written to standard output "
+                   f"({exc.strerror or type(exc).__name__})")
+
+
+@contextmanager
+def writing_stdout() -> Iterator[None]:
+    """A write to stdout: a broken pipe stays one (the reader went away, see ``main``);
+    any other failure is :class:`OutputUnwritable`."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise OutputUnwritable.of(exc) from exc
 
 
 class _Console(Console):
@@ -93,7 +121,8 @@ class Output:
         if self.reader_gone:
             return
         try:
-            self.out.print(renderable)
+            with writing_stdout():
+                self.out.print(renderable)
         except BrokenPipeError:
             if not self.outlives_reader:
                 raise
@@ -103,8 +132,9 @@ class Output:
     def document(self, value: Any) -> None:
         """The single JSON document of a ``--json`` run."""
         self.documents += 1
-        sys.stdout.write(json_text(value) + "\n")
-        sys.stdout.flush()
+        with writing_stdout():
+            sys.stdout.write(json_text(value) + "\n")
+            sys.stdout.flush()
 
     def table(self, title: str | None, columns: Sequence[str],
               rows: Sequence[Sequence[Any]]) -> None:
@@ -123,18 +153,21 @@ class Output:
         """Markdown meant to be copied or posted: its bytes as they are on a pipe or in a
         file; on a terminal, control characters escaped (it is already escaped Markdown)."""
         if sys.stdout.isatty():
-            self.out.print(Text(terminal_safe(text.removesuffix("\n"), multiline=True)))
+            self._print(Text(terminal_safe(text.removesuffix("\n"), multiline=True)))
         else:
-            sys.stdout.write(text)
-            sys.stdout.flush()
+            with writing_stdout():
+                sys.stdout.write(text)
+                sys.stdout.flush()
 
     def note(self, text: str) -> None:
         """A human line on stderr (never disturbs a JSON document on stdout)."""
         self.err.print(Text(terminal_safe(text, multiline=True)))
 
     def error(self, exc: VianoError) -> None:
-        if self.as_json and not self.documents:
-            self.document({"error": exc.to_json()})
+        if self.as_json and not self.documents and not isinstance(exc, OutputUnwritable):
+            # stdout gone or full: stderr below still says why
+            with contextlib.suppress(OSError, OutputUnwritable):
+                self.document({"error": exc.to_json()})
         self.err.print(Text(f"error[{exc.reason}]: {terminal_safe(exc.message)}", style="red"))
         self.err.print(Text(f"  what to do: {terminal_safe(exc.hint)}"))
 

@@ -46,7 +46,7 @@ from ._context import (
     waiting_for_the_case,
     writing,
 )
-from ._output import Output
+from ._output import Output, writing_stdout
 
 
 def status_row(ref: CaseRef) -> dict[str, Any]:
@@ -174,8 +174,9 @@ def cmd_cat(args: argparse.Namespace, out: Output, config: Config) -> int:
                                   "--json for base64.") from None
         out.line(text.removesuffix("\n"))
     else:
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
+        with writing_stdout():
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
     return 0
 
 

@@ -76,6 +76,17 @@ def zip_lying_size(path: Path) -> Path:
     return path
 
 
+def zip_lying_count(path: Path, members: int) -> Path:
+    """The end-of-central-directory record declares 1 entry; the directory holds
+    ``members`` (the form of a directory bomb: millions of entries declared as one)."""
+    zip_with(path, [(f"m{i}", b"") for i in range(members)])
+    raw = bytearray(path.read_bytes())
+    end = raw.rfind(b"PK\x05\x06")
+    raw[end + 8:end + 12] = (1).to_bytes(2, "little") * 2  # this disk's and the total count
+    path.write_bytes(bytes(raw))
+    return path
+
+
 def zip_bad_crc(path: Path) -> Path:
     zip_with(path, [("data.log", b"hello world " * 50)], compression=zipfile.ZIP_STORED)
     raw = bytearray(path.read_bytes())

@@ -57,6 +57,7 @@ ARCHIVES: dict[str, tuple[str, Builder]] = {
     "encrypted member": ("encrypted_archive_member", A.zip_encrypted_flag),
     "too many members": ("limit_exceeded", lambda p: A.zip_with(
         p, [(f"m{i}.txt", b"x") for i in range(51)])),
+    "too many members, one declared": ("limit_exceeded", lambda p: A.zip_lying_count(p, 51)),
     "member too large": ("limit_exceeded", lambda p: A.zip_with(
         p, [("big.bin", bytes(range(256)) * 400)], compression=zipfile.ZIP_STORED)),
     "total too large": ("limit_exceeded", lambda p: A.zip_with(
@@ -114,6 +115,37 @@ class TestArchiveRefusals:
         assert r.json["error"]["reason"] == reason, r.json  # type: ignore[index]
         assert str(archive) in r.json["error"]["message"]  # type: ignore[index]
         assert snapshot(store_dir) == existing_store
+
+    def test_a_directory_declaring_fewer_entries_is_counted_before_zipfile_reads_it(
+            self, cli: Cli, tmp_path: Path, config: Path,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        """The end record's count is not trusted: the directory's entries are counted
+        before zipfile builds an object per entry (one declaring 1 entry over 1.4 million
+        took 556 MB and 8 s before the count limit applied)."""
+        import zipfile
+
+        opened: list[object] = []
+        real = zipfile.ZipFile
+
+        def spy(*args: object, **kw: object) -> zipfile.ZipFile:
+            opened.append(args[0])
+            return real(*args, **kw)  # type: ignore[arg-type]
+
+        archive = A.zip_lying_count(tmp_path / "bomb.zip", 400)
+        monkeypatch.setattr(zipfile, "ZipFile", spy)
+        r = cli("intake", "--json", "--store", tmp_path / "s", "--config", config,
+                "--report", _report(tmp_path), "--attach", f"diagnostics={archive}")
+        assert r.code == 2, r.out
+        error = r.json["error"]  # type: ignore[index]
+        assert error["reason"] == "limit_exceeded" and "central directory" in error["message"]
+        assert opened == [], "zipfile read the directory before it was counted"
+        # At the limit the same form is read as zipfile reads it (by the directory's size,
+        # as here): the count is exact, not a guess.
+        fine = A.zip_lying_count(tmp_path / "fine.zip", 50)
+        r = cli("intake", "--json", "--store", tmp_path / "s", "--config", config,
+                "--report", _report(tmp_path), "--attach", f"diagnostics={fine}")
+        assert r.code == 0, r.out
+        assert len(r.json["catalogue"]["sources"]) > 50  # type: ignore[index]
 
     def test_refusal_on_a_new_store_creates_no_store(self, cli: Cli, tmp_path: Path,
                                                      config: Path) -> None:

@@ -141,6 +141,32 @@ class TestBatchWait:
         assert {s["status"] for s in status} == {"COMPLETED"}
 
 
+    @pytest.mark.parametrize("which", [["--all"], ["W-0"]], ids=["all", "one case"])
+    def test_a_retry_pending_from_before_the_batch_is_waited_for(
+            self, tmp_path: Path, generic_answers: Path, which: list[str]) -> None:
+        """A retry made by an earlier command (here ``viano run``) and not yet due when
+        ``batch --wait`` starts: the batch sleeps until it is due and runs it. It ended at
+        once (``0 cases``, exit 0; or DEFERRED not_due, exit 11, for a named case), as it
+        waited only for the retries its own rounds made."""
+        p = _provider(tmp_path, generic_answers, script="503")
+        cfg = _config(tmp_path, [("loopback", p.port)],
+                      "[interpretation]\nauto_confirm = true\n"
+                      "[retry]\nbase_delay_s = 3\nmax_delay_s = 3\n")
+        store = tmp_path / "s"
+        report = tmp_path / "W-0.txt"
+        report.write_text("Crash\nIt crashes on start.\n")
+        r = run_viano("intake", "--store", store, "--report", report, "--case-id", "W-0",
+                      env=_env())
+        assert r.returncode == 0, r.stderr
+        first = run_viano("run", "--all", "--json", "--store", store, env=_env(cfg))
+        assert first.returncode == 10, first.stdout + first.stderr  # RETRY_PENDING
+        r = run_viano("batch", *which, "--wait", "--json", "--store", store, env=_env(cfg))
+        assert r.returncode == 0, r.stdout + r.stderr
+        doc = json.loads(r.stdout)
+        assert [(x["case_id"], x["status"]) for x in doc["results"]] == [("W-0", "COMPLETED")]
+        assert [c["mode"] for c in p.calls].count("503") == 1
+
+
 class TestLog:
     def test_the_phase_history_in_words(self, cli: Cli, tmp_path: Path,
                                         answers: Path) -> None:

@@ -201,11 +201,24 @@ async def _passes(engine: Engine, selection: list[str] | None, tally: _Tally, *,
             if selection is None:
                 await engine.run_until_idle(held, on_result=tally.add)
             continue
-        pending = [r for r in tally.final.values() if r.result.status == "RETRY_PENDING"]
-        if not (wait and pending):
+        soonest = await _next_retry(engine, selection, tally) if wait else None
+        if soonest is None:
             return
-        soonest = min(r.result.due_at or 0.0 for r in pending)
         await trio.sleep(max(0.0, soonest - engine.clock.now()))
+
+
+async def _next_retry(engine: Engine, selection: list[str] | None, tally: _Tally
+                      ) -> float | None:
+    """When the next retry this batch waits for is due: of any case in the store (one
+    pending from before the batch began included: the batch waited only for the retries
+    its own rounds had made), or of the selected cases as their last results left them."""
+    if selection is None:
+        return await engine.store.run_sync(engine.store.store.next_due)
+    dues = [r.result.due_at for r in tally.final.values()
+            if r.result.due_at is not None and (
+                r.result.status == "RETRY_PENDING"
+                or (r.result.status == "DEFERRED" and r.result.reason == "not_due"))]
+    return min(dues, default=None)
 
 
 MAX_CONCURRENCY = 10_000

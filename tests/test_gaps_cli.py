@@ -167,6 +167,58 @@ class TestBatchWait:
         assert [c["mode"] for c in p.calls].count("503") == 1
 
 
+class TestALoweredRoundLimit:
+    def test_blocked_by_a_lowered_max_rounds_can_be_unblocked(
+            self, cli: Cli, tmp_path: Path, answers: Path) -> None:
+        """Two unavailable rounds under max_rounds = 5, then max_rounds lowered to 1:
+        dispatch says BLOCKED rounds_exhausted and hints at 'viano unblock', which refused
+        (not_blocked: the last round was not marked blocked under the old limit), a dead
+        end. Now the unblock records the limit it went by, verify accepts it, and a new
+        series runs."""
+        p = _provider(tmp_path, answers, script="503,503")
+        fast = "base_delay_s = 0.000001\nmax_delay_s = 0.000001\n"
+        five = _config(tmp_path, [("loopback", p.port)], f"[retry]\nmax_rounds = 5\n{fast}")
+        one = _config(tmp_path, [("loopback", p.port)], f"[retry]\nmax_rounds = 1\n{fast}")
+        store = tmp_path / "s"
+        _intake(cli, store)
+        assert _dispatch(cli, "interpret", store, five)[0] == 10
+        assert _dispatch(cli, "interpret", store, five)[0] == 10
+        code, doc = _dispatch(cli, "interpret", store, one)
+        assert (code, doc["status"], doc["reason"]) == (12, "BLOCKED", "rounds_exhausted"), doc
+        r = cli("unblock", "BUG-20", "--by", "qa.lead", "--store", store, "--config", one)
+        assert r.code == 0, r.err
+        recorded = cli("cat", "BUG-20", "analysis/interpretation/0001/unblocks/0002.json",
+                       "--store", store)
+        assert json.loads(recorded.out)["exhausted_by_max_rounds"] == 1, recorded.out
+        assert cli("verify", "--store", store).code == 0
+        code, doc = _dispatch(cli, "interpret", store, one)
+        assert (code, doc["status"], doc["reason"]) == (
+            0, "COMPLETED", "awaiting_confirmation"), doc
+        assert cli("verify", "--store", store).code == 0
+        log = cli("log", "BUG-20", "--store", store)
+        assert "unblock" in log.out, log.out
+
+    @pytest.mark.parametrize(("unblock", "outcomes", "stands"), [
+        ({"exhausted_by_max_rounds": 2}, ["unavailable", "unavailable"], True),
+        ({"exhausted_by_max_rounds": 1}, ["unavailable", "unavailable"], True),
+        ({"exhausted_by_max_rounds": 3}, ["unavailable", "unavailable"], False),
+        ({"exhausted_by_max_rounds": 0}, ["unavailable"], False),
+        ({"exhausted_by_max_rounds": True}, ["unavailable"], False),
+        ({"exhausted_by_max_rounds": "1"}, ["unavailable"], False),
+        ({}, ["unavailable", "unavailable"], False),
+        ({"exhausted_by_max_rounds": 1}, ["unavailable", "invalid"], False),
+    ])
+    def test_the_audit_checks_the_limit_an_unblock_names(
+            self, unblock: dict[str, Any], outcomes: list[str], stands: bool) -> None:
+        """An unblock after a series that was not marked blocked stands only if the limit
+        it names is a count its unavailable rounds reached, and the series ended on one."""
+        from engine._phases._history import _exhausted_by_a_lower_limit
+        from engine._phases._protocol import RoundInfo
+
+        rounds = [RoundInfo(f"r{i}", 1, i, o) for i, o in enumerate(outcomes, 1)]
+        assert _exhausted_by_a_lower_limit(unblock, rounds) is stands
+
+
 class TestLog:
     def test_the_phase_history_in_words(self, cli: Cli, tmp_path: Path,
                                         answers: Path) -> None:

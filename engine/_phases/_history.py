@@ -234,9 +234,10 @@ class _Audit:
             if path is None:
                 self.problem(f"series {s} of {self.base} has no unblock")
                 continue
-            if not before or not _blocked(docs.get(before[-1].path)):
-                self.problem(f"{path} unblocks series {s - 1}, which did not end blocked")
             doc = self.view.read_object(path)
+            if not before or not (_blocked(docs.get(before[-1].path))
+                                  or _exhausted_by_a_lower_limit(doc, before)):
+                self.problem(f"{path} unblocks series {s - 1}, which did not end blocked")
             if not (doc.get("format") == "viano-unblock/1"
                     and doc.get("phase") == self.spec.phase
                     and doc.get("analysis_revision") == self.rev
@@ -280,6 +281,15 @@ class _Audit:
             self.problem(f"the accepted {self.spec.key} of revision {self.rev} does not come "
                          "from the phase's last round, an answer that was not rejected")
         self.out += self.spec.artifact_problems(self.view, self.rev)
+
+
+def _exhausted_by_a_lower_limit(unblock: Mapping[str, Any], rounds: Sequence[RoundInfo]
+                                ) -> bool:
+    """An unblock of a series whose last round was not blocked by the limit of its time,
+    but which a lower ``max_rounds`` exhausted (its unblock names that limit)."""
+    limit = unblock.get("exhausted_by_max_rounds")
+    return type(limit) is int and limit >= 1 and rounds[-1].outcome == "unavailable" and \
+        sum(r.outcome == "unavailable" for r in rounds) >= limit
 
 
 def _blocked(doc: Mapping[str, Any] | None) -> bool:

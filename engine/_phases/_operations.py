@@ -81,23 +81,36 @@ def reopen_change(view: PackageView, reason: str, by: str) -> tuple[Change, Case
     return remember_written(change), CaseStatus(status="READY", phase=REOPENED, reason="reopened")
 
 
-def unblock_change(view: PackageView, spec: PhaseSpec, by: str) -> tuple[Change, CaseStatus]:
+def unblock_change(view: PackageView, spec: PhaseSpec, by: str, *,
+                   max_rounds: int | None = None) -> tuple[Change, CaseStatus]:
     """After BLOCKED rounds_exhausted: allow a new series of rounds, recorded (who, when,
-    after which series)."""
+    after which series).
+
+    A series is exhausted when its last round says so (it was blocked by the limit of its
+    time), or when ``max_rounds`` — the configured limit, lowered since — is no more than
+    its unavailable rounds: dispatch then answers BLOCKED too, and the unblock records the
+    limit it went by, which the history audit checks against the rounds."""
     m = view.manifest
     base = phase_dir(spec.key, m.analysis_revision)
     series, rounds, _ = parse_rounds(sorted(m.paths_under(base)), base)
     last = view.read_object(rounds[-1].path) if rounds else {}
     retry = last.get("retry") if isinstance(last, dict) else None
-    if not (isinstance(retry, dict) and retry.get("blocked") is True):
+    unavailable = sum(r.outcome == "unavailable" for r in rounds)
+    blocked = isinstance(retry, dict) and retry.get("blocked") is True
+    by_limit = not blocked and max_rounds is not None and bool(rounds) and \
+        rounds[-1].outcome == "unavailable" and unavailable >= max_rounds
+    if not (blocked or by_limit):
         raise PhaseRefused(f"case {m.case_id!r} is not blocked in {spec.phase}",
                            reason="not_blocked",
                            hint="Only a phase whose rounds are exhausted can be unblocked.")
     path = f"{base}unblocks/{series + 1:04d}.json"
-    doc = {"format": "viano-unblock/1", "phase": spec.phase,
-           "analysis_revision": m.analysis_revision, "series": series + 1,
-           "after_series": series, "after_rounds": len(rounds),
-           "unblocked_by": person(by), "unblocked_at": utc_now_iso()}
+    doc: dict[str, object] = {
+        "format": "viano-unblock/1", "phase": spec.phase,
+        "analysis_revision": m.analysis_revision, "series": series + 1,
+        "after_series": series, "after_rounds": len(rounds),
+        "unblocked_by": person(by), "unblocked_at": utc_now_iso()}
+    if by_limit:
+        doc["exhausted_by_max_rounds"] = max_rounds
     change = Change(files={path: BytesSource.of(artifact_json(doc))})
     return remember_written(change), CaseStatus(status="READY", phase=spec.phase,
                                                 reason="unblocked")

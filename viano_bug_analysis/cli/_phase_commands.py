@@ -207,7 +207,7 @@ def cmd_unblock(args: argparse.Namespace, out: Output, config: Config) -> int:
             raise PhaseRefused(f"case {view.manifest.case_id!r} is in phase "
                                f"{view.manifest.phase}, which has no rounds to unblock",
                                reason="not_blocked")
-        return unblock_change(view, spec, by)
+        return unblock_change(view, spec, by, max_rounds=config.retry.max_rounds)
 
     manifest, changed, _ = _operation(args, config, out, make)
     _print_operation(out, args.case, "unblocked: a new series of rounds may run", manifest,

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from engine import CaseLocked
-from tests.conftest import VIANO, Cli, child_env, paused_child, strict_json
+from tests.conftest import VIANO, Cli, child_env, paused_child, strict_json, wait_until_paused
 from viano_bug_analysis.cli._context import LOCKED_TRIES, LOCKED_WAIT_S, waiting_for_the_case
 
 
@@ -99,12 +99,14 @@ def test_the_same_command_twice_at_once_both_succeed(cli: Cli, sample: Path, tmp
     assert cli("verify", "--store", target).code == 0
 
 
-def _ctrl_c_in_the_commit(tmp_path: Path, args: list[str]) -> tuple[int | None, str, str]:
-    """``viano ARGS`` paused just before its COMMIT, sent SIGINT there, then let go on."""
+def _ctrl_c_in_the_commit(tmp_path: Path, args: list[str], sig: str = "SIGINT"
+                          ) -> tuple[int | None, str, str]:
+    """``viano ARGS`` paused just before its COMMIT, sent SIGINT (or ``sig``) there, then
+    let go on."""
     import signal
 
     with paused_child([*VIANO, *args], "txn.before_commit", tmp_path / "paused") as child:
-        child.process.send_signal(signal.SIGINT)
+        child.process.send_signal(getattr(signal, sig))
         out, err = child.resume()
     return child.returncode, out, err
 
@@ -127,11 +129,13 @@ def test_ctrl_c_while_its_change_commits(cli: Cli, sample: Path, tmp_path: Path)
     assert cli("verify", "--store", store).code == 0
 
 
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("command", ["intake", "import"])
 def test_ctrl_c_while_a_new_case_commits(cli: Cli, sample: Path, tmp_path: Path,
-                                         command: str) -> None:
+                                         command: str, sig: str) -> None:
     """The same for the commands that create a case: its whole work was that commit, so
-    once it landed the command prints its result and exits 0 (it said "interrupted")."""
+    once it landed the command prints its result and exits 0 (it said "interrupted").
+    A SIGTERM is a Ctrl-C here too (it ended the process at once: exit 143, no result)."""
     store = tmp_path / "s"
     if command == "import":
         exported = tmp_path / "e.zip"
@@ -142,7 +146,7 @@ def test_ctrl_c_while_a_new_case_commits(cli: Cli, sample: Path, tmp_path: Path,
     else:
         args = ["intake", "--json", "--store", str(store), "--report",
                 str(sample / "report.json")]
-    code, out, err = _ctrl_c_in_the_commit(tmp_path, args)
+    code, out, err = _ctrl_c_in_the_commit(tmp_path, args, sig)
     assert code == 0, err
     assert "interrupted after the change was committed" in err, err
     doc = strict_json(out)
@@ -150,3 +154,41 @@ def test_ctrl_c_while_a_new_case_commits(cli: Cli, sample: Path, tmp_path: Path,
     listed = cli("status", "--json", "--store", store).json
     assert [c["case_id"] for c in listed] == ["BUG-20"], listed  # type: ignore[union-attr]
     assert cli("verify", "--store", store).code == 0
+
+
+@pytest.mark.parametrize("sigint", ["handled", "ignored"])
+def test_sigterm_during_an_export_cleans_up_as_ctrl_c_does(cli: Cli, sample: Path,
+                                                            tmp_path: Path,
+                                                            sigint: str) -> None:
+    """SIGTERM while an export's file is written (paused before its rename): the export
+    removes its temporary file and says ``interrupted`` (exit 130), as on Ctrl-C. It ended
+    the process at once, silent, leaving an export-sized temporary file that only a later
+    export into the same folder removes, 15 minutes on. Also when the shell started the
+    command with SIGINT ignored (a background job)."""
+    import signal
+    import subprocess
+
+    store = tmp_path / "s"
+    assert cli("intake", "--store", store, "--report", sample / "report.json").code == 0
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    marker = tmp_path / "paused"
+    argv = [*VIANO, "--json", "--store", str(store), "export", "BUG-20",
+            str(out_dir / "e.zip")]
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint == "ignored" \
+        else None
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=child_env(VIANO_PAUSE_AT="export.written",
+                                             VIANO_PAUSE_FILE=str(marker)),
+                               preexec_fn=ignore)
+    try:
+        wait_until_paused(marker, process)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 130, (process.returncode, err)
+    assert strict_json(out)["error"]["reason"] == "interrupted", out  # type: ignore[index]
+    assert sorted(p.name for p in out_dir.iterdir()) == [], list(out_dir.iterdir())

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
+import threading
 import traceback
-from collections.abc import Sequence
+import types
+from collections.abc import Iterator, Sequence
 
 from engine import EXIT_INTERRUPTED, Config, VianoError, tune_collector
 
@@ -25,10 +28,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         out.as_json = bool(args.json)
         config = Config.resolve(args.config)
-        with event_log(args.log_json, store_path(args, config)):
+        with event_log(args.log_json, store_path(args, config)), _terminate_as_interrupt():
             return COMMANDS[args.command](args, out, config)
     except BaseException as exc:  # every ending gets a reason and a code
         return _report(out, _cause(exc))
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """A SIGTERM is what a Ctrl-C is, for every command: delivered to whichever SIGINT
+    handler is in place when it comes (Python's, or trio's inside ``trio.run``, which
+    interrupts only where that is safe), so a command cleans up as it does on Ctrl-C (an
+    export removes its temporary file) and reports ``interrupted`` (exit 130). It ended
+    the process with nothing said and the file left. A SIGINT that the shell set to be
+    ignored (a background job) is given Python's handler for the command, or SIGTERM
+    would have nothing to be delivered to. Commands that take the signals over (batch,
+    daemon) set their own handlers inside this one. Only in the main thread (an embedding
+    caller's thread cannot set handlers, and keeps its own)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous_int = signal.getsignal(signal.SIGINT)
+    own_int = previous_int in (signal.SIG_IGN, signal.SIG_DFL)
+    if own_int:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def deliver(_signum: int, frame: types.FrameType | None) -> None:
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+    previous_term = signal.signal(signal.SIGTERM, deliver)
+    try:
+        yield
+    finally:
+        # None: a handler not set from Python, which cannot be put back (nor was changed).
+        signal.signal(signal.SIGTERM, previous_term if previous_term is not None
+                      else signal.SIG_DFL)
+        if own_int:
+            signal.signal(signal.SIGINT, previous_int)
 
 
 def interrupted_at_start(argv: Sequence[str]) -> int:

@@ -308,6 +308,89 @@ class TestPhaseHistories:
         assert cli("verify", "--store", dest).code == 0
 
 
+def _intake_edit(label: str) -> Callable[[list[Doc]], list[bytes]]:
+    """A rewrite of a sample export's history, every hash made to match, that no intake
+    could have written (what each breaks is in its label)."""
+    def edit(docs: list[Doc]) -> list[bytes]:
+        first = dict(docs[0])
+        report = first["files"]["inputs/report.json"]
+        if label == "no pointers":
+            first["pointers"] = {}
+        elif label == "catalogue points at the report":
+            first["pointers"] = {**first["pointers"], "catalogue": "inputs/report.json"}
+        elif label == "revision 2 at generation 1":
+            first["analysis_revision"] = 2
+        elif label == "a phase's name at generation 1":
+            first["phase"] = "GENERATING_HYPOTHESES"
+        elif label == "an original the record does not list":
+            first["files"] = {**first["files"], "inputs/extra.bin": report}
+        elif label == "a file intake never writes":
+            first["files"] = {**first["files"], "work/notes.txt": report}
+        elif label == "an original added later":
+            return _next(docs, files={**docs[-1]["files"], "inputs/late.bin": report})
+        elif label == "the intake pointer moved later":
+            return _next(docs, pointers={**docs[-1]["pointers"],
+                                         "intake": "inputs/report.json"})
+        else:
+            raise AssertionError(label)
+        return [_encode(first), *(_encode(d) for d in docs[1:])]
+    return edit
+
+
+INTAKE_EDITS = ["no pointers", "catalogue points at the report", "revision 2 at generation 1",
+                "a phase's name at generation 1", "an original the record does not list",
+                "a file intake never writes", "an original added later",
+                "the intake pointer moved later"]
+
+
+class TestTheIntakeGeneration:
+    """A case begins as intake made it: generation 1 is INTAKE at revision 1, holding its
+    originals and the two case documents its pointers name, and its originals are exactly
+    those its intake record lists. Each of these imported with exit 0 and verify said ok;
+    the phases then refused the case (no catalogue), or ran it at revision 2 with no
+    revision 1, or over an original no record lists."""
+
+    @pytest.mark.parametrize("label", INTAKE_EDITS)
+    def test_import_refuses_it_and_verify_reports_it(self, cli: Cli, sample: Path,
+                                                     tmp_path: Path, label: str) -> None:
+        from tests.conftest import run_viano
+        from tests.store_helpers import import_refused_then_placed
+
+        good = _export(cli, sample, tmp_path)
+        forged = _craft(good, tmp_path / "forged.zip", manifests=_intake_edit(label))
+        dest = tmp_path / "dest"
+        r = cli("import", "--store", dest, forged, "--json")
+        assert r.code == 2, (label, r.out)
+        assert r.json["error"]["reason"] == "invalid_export", r.out  # type: ignore[index]
+        assert not dest.exists() or cli("status", "--json", "--store", dest).json == []
+        placed = tmp_path / "placed"
+        import_refused_then_placed(forged, placed, run_viano)
+        v = cli("verify", "--store", placed, "--json")
+        assert v.code == 1, (label, v.out)
+        assert v.json["cases_affected"] == ["BUG-20"], v.out  # type: ignore[index]
+
+    def test_the_genuine_export_and_a_store_api_package_pass(self, cli: Cli, sample: Path,
+                                                             tmp_path: Path) -> None:
+        """The rules bind what says it is an intake's case; a package of the store's own
+        API, with no intake pointer, case document or phase artifact, is not held to
+        them."""
+        from engine import BytesSource, Change, PublishRequest, new_package_id
+        from tests.store_helpers import open_rw
+
+        good = _export(cli, sample, tmp_path)
+        dest = tmp_path / "dest"
+        assert cli("import", "--store", dest, good).code == 0
+        store = open_rw(dest)
+        try:
+            [out] = store.commit_batch([PublishRequest(new_package_id(), "RAW-1", None, Change(
+                files={"inputs/a.bin": BytesSource.of(b"a"), "work/b": BytesSource.of(b"b")},
+                phase="INTAKE"))])
+            assert not isinstance(out, Exception), out
+        finally:
+            store.close()
+        assert cli("verify", "--store", dest).code == 0
+
+
 class TestRevisionLimit:
     """A revision's artifacts live under four-digit folders, so 9999 is the last revision:
     a larger one in an export is refused (it imported with exit 0, and the next batch wrote
@@ -316,9 +399,9 @@ class TestRevisionLimit:
 
     def _at(self, cli: Cli, sample: Path, tmp: Path, revision: int) -> Path:
         good = _export(cli, sample, tmp)
+        # Generation 1 stays the intake it was (revision 1); a second one is at revision.
         return _craft(good, tmp / f"r{revision}.zip",
-                      manifests=lambda docs: [_encode({**d, "analysis_revision": revision})
-                                              for d in docs])
+                      manifests=lambda docs: _next(docs, analysis_revision=revision))
 
     @pytest.mark.parametrize("revision", [10_000, 100_000, 2**62])
     def test_a_revision_past_the_last_is_not_imported(

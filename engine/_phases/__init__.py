@@ -149,7 +149,7 @@ def _phase_problems(read: Callable[[str], bytes], open_: Callable[[str], BinaryI
     if not manifests:
         return []
     view = PackageView(manifests[-1], read, open_)
-    out: list[str] = _intake_problems(view)
+    out: list[str] = _intake_problems(view, manifests[0])
     for spec in SPECS.values():
         for rev in range(1, manifests[-1].analysis_revision + 1):
             out += [f"revision {rev}: {p}" for p in history_problems(spec, view, rev)]
@@ -157,21 +157,75 @@ def _phase_problems(read: Callable[[str], bytes], open_: Callable[[str], BinaryI
     return out
 
 
-def _intake_problems(view: PackageView) -> list[str]:
-    """The intake record (write-once) names the package's own case: a history whose
-    manifests were given another case id, every hash made to match, still says whose
-    case it was."""
+INTAKE_POINTERS = {"catalogue": "case/catalogue.json", "intake": "case/intake.json"}
+
+
+def _intake_problems(view: PackageView, first: Manifest) -> list[str]:
+    """The package begins as intake made it, and its originals are the ones its intake
+    record lists: generation 1 is phase INTAKE at revision 1, holding only the originals
+    (``inputs/``) and the two case documents its pointers name; the intake record names
+    the package's own case (a history given another case id, every hash made to match,
+    still says whose case it was), and it lists exactly the package's originals, with
+    their hashes and sizes. An export could otherwise bring a case that verify passes and
+    no phase can work on (no catalogue), or whose originals are not those of its record."""
     m = view.manifest
-    path = m.pointers.get("intake")
-    if path is None:
-        return []
+    out: list[str] = []
+    if not _made_by_intake(first, m):
+        return []  # a package of the store's own API (an embedding's, a benchmark's)
+    if first.package_generation != 1:
+        return [f"the history starts at generation {first.package_generation}"]
+    if first.phase != "INTAKE" or first.analysis_revision != 1:
+        out.append(f"generation 1 is phase {first.phase} at revision "
+                   f"{first.analysis_revision}, not an intake (INTAKE, revision 1)")
+    for where, manifest in (("generation 1", first), ("the head", m)):
+        pointers = {k: manifest.pointers.get(k) for k in INTAKE_POINTERS}
+        if pointers != INTAKE_POINTERS:
+            out.append(f"{where} points catalogue and intake at {pointers}, not at "
+                       f"{INTAKE_POINTERS}")
+    extra = sorted(p for p in first.files
+                   if not p.startswith("inputs/") and p not in INTAKE_POINTERS.values())
+    if extra:
+        out.append(f"generation 1 holds files intake never writes: {', '.join(extra[:5])}")
+    path = INTAKE_POINTERS["intake"]
     try:
-        named = view.read_object(path).get("case_id")
+        record = view.read_object(path)
+        catalogue = view.read_object(INTAKE_POINTERS["catalogue"])
     except HistoryProblem as exc:
-        return [f"{path}: {exc}"]
+        return [*out, str(exc)]
+    if record.get("format") != "viano-intake/1":
+        out.append(f"{path} is not an intake record (format {record.get('format')!r})")
+    if catalogue.get("format") != "viano-catalogue/1" or \
+            not isinstance(catalogue.get("sources"), list):
+        out.append(f"{INTAKE_POINTERS['catalogue']} is not a catalogue with its sources")
+    named = record.get("case_id")
     if named != m.case_id:
-        return [f"{path} names case {named!r}, but the package is case {m.case_id!r}"]
-    return []
+        out.append(f"{path} names case {named!r}, but the package is case {m.case_id!r}")
+    listed: dict[str, tuple[object, object]] = {}
+    inputs = record.get("inputs")
+    for item in inputs if isinstance(inputs, list) else ():
+        if isinstance(item, dict) and isinstance(item.get("input"), str):
+            listed[item["input"]] = (item.get("sha256"), item.get("size"))
+    if not isinstance(inputs, list) or len(listed) != len(inputs):
+        out.append(f"{path} does not list its inputs one by one")
+    held = {p: (m.files[p].sha256, m.files[p].size) for p in m.paths_under("inputs/")}
+    if held != listed:
+        unlisted = sorted(set(held) - set(listed))
+        missing = sorted(set(listed) - set(held))
+        other = sorted(p for p in set(held) & set(listed) if held[p] != listed[p])
+        out.append(f"the package's originals are not those {path} lists (not listed: "
+                   f"{unlisted[:3]}, missing: {missing[:3]}, other bytes: {other[:3]})")
+    return out
+
+
+def _made_by_intake(first: Manifest, head: Manifest) -> bool:
+    """Whether a package says it is a case that intake made and the phases work on: it has
+    an intake pointer, one of intake's two case documents, or a phase's artifact. A
+    package published through the store's own API with none of those (an embedding's, a
+    benchmark's) is the store's business only; the phases refuse to work on it
+    (``unsupported_history``)."""
+    return any(k in mf.pointers for mf in (first, head) for k in INTAKE_POINTERS) or \
+        any(p in head.files for p in INTAKE_POINTERS.values()) or \
+        any(p.startswith("analysis/") for p in head.files)
 
 
 PHASE_CHECKS: Sequence[PackageCheck] = (_check_phases,)

@@ -13,6 +13,7 @@ import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import attrs
 import cattrs
@@ -176,6 +177,19 @@ class ProviderConfig:
         if self.kind != "fixture" and not (self.base_url and self.model):
             raise ValueError(f"provider {self.name!r} of kind {self.kind!r} needs "
                              "'base_url' and 'model'")
+        if self.kind != "fixture" and not _http_url(self.base_url):
+            # Not echoed: a base_url may carry credentials (userinfo, a key parameter).
+            raise ValueError(f"provider {self.name!r}: base_url must be an http:// or "
+                             "https:// URL with a host")
+
+
+def _http_url(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        return parts.scheme in ("http", "https") and bool(parts.hostname) and \
+            (parts.port is None or parts.port > 0)
+    except ValueError:  # a port that is not a number, a bad IPv6 literal
+        return False
 
 
 @attrs.frozen
@@ -249,7 +263,7 @@ class Config:
             if len(raw) > MAX_CONFIG_BYTES:
                 raise ConfigError(f"{p}: larger than {MAX_CONFIG_BYTES} bytes, which no "
                                   "configuration needs")
-            data = tomllib.loads(raw.decode("utf-8"))
+            data = tomllib.loads(raw.decode("utf-8-sig"))  # a BOM, as editors write it, is no key
         except FileNotFoundError as exc:
             raise ConfigError(f"{p}: configuration file not found") from exc
         except NotRegularFile as exc:

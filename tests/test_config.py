@@ -49,6 +49,12 @@ BAD = {
     "providers as a table": ('[providers]\nname = "a"\nkind = "fixture"\npath = "f"\n',
                              "providers: expected an array, got a table"),
     "providers as a string": ('providers = "a"\n', "providers: expected an array, got a string"),
+    # A base_url that no HTTP client can call was found only at the first dispatch, which
+    # ended the case in ERROR provider_configuration.
+    **{f"base_url {url!r}": (f'[[providers]]\nname = "a"\nkind = "openai"\nmodel = "m"\n'
+                             f'base_url = "{url}"\n', "base_url must be an http")
+       for url in ("ftp://h/v1", "127.0.0.1:8080/v1", "http://", "http://h:99999/v1",
+                   "file:///etc/passwd", "h/v1")},
 }
 
 
@@ -251,3 +257,27 @@ def test_strict_converters_never_spread_a_non_array_into_an_array(value: object,
         with pytest.raises(cattrs.BaseValidationError) as info:
             converter.structure({"x": value}, dict[str, type_])  # type: ignore[index]
         assert any("expected an array" in line for line in structure_errors(info.value))
+
+
+def test_a_base_url_with_credentials_is_refused_unechoed(tmp_path: Path) -> None:
+    """The refusal does not repeat a URL that may carry credentials."""
+    with pytest.raises(ConfigError) as info:
+        _load(tmp_path, '[[providers]]\nname = "a"\nkind = "openai"\nmodel = "m"\n'
+                        'base_url = "gopher://user:pw-SECRET-77@h/v1?key=k-SECRET-88"\n')
+    assert "SECRET" not in str(info.value) and "base_url" in info.value.message
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8080/v1", "https://api.example.com/v1",
+                                 "http://[::1]:9/v1", "https://user:pw@h.example/v1?key=k"])
+def test_a_base_url_a_client_can_call_is_accepted(tmp_path: Path, url: str) -> None:
+    c = _load(tmp_path, f'[[providers]]\nname = "a"\nkind = "openai"\nmodel = "m"\n'
+                        f'base_url = "{url}"\n')
+    assert c.providers[0].base_url == url
+
+
+def test_a_config_file_that_starts_with_a_bom_is_read(tmp_path: Path) -> None:
+    """Reports accept a UTF-8 BOM (editors write one); the configuration refused it as
+    not TOML."""
+    path = tmp_path / "c.toml"
+    path.write_bytes(b"\xef\xbb\xbf[retry]\nmax_rounds = 3\n")
+    assert Config.resolve(path).retry.max_rounds == 3

@@ -221,6 +221,26 @@ class TestTerminalSafety:
         j = cli("status", "--store", store_dir, "--json").out
         assert "\x9b" not in j and "\u202e" not in j and "\x1b" not in j
 
+    @pytest.mark.parametrize("ch", ["\u2028", "\u2029", "\u200b", "\u2060", "\ufeff"])
+    def test_what_shows_as_nothing_or_breaks_a_line_is_escaped(
+            self, cli: Cli, tmp_path: Path, store_dir: Path, ch: str) -> None:
+        """A line or paragraph separator in a member name split the catalogue's table row
+        on some terminals; a zero-width space in a config key made two keys look alike in
+        the refusal. Both are escaped wherever a name, a title or a message is printed."""
+        zpath = A.zip_with(tmp_path / "d.zip", [(f"Logs/a{ch}b.log", b"x")])
+        report = _json_report(tmp_path, json.dumps({"title": f"T{ch}U", "body": "b"}).encode())
+        r = cli("intake", "--store", store_dir, "--report", report, "--attach",
+                f"diagnostics={zpath}")
+        assert r.code == 0, r.err
+        config = tmp_path / "zw.toml"
+        config.write_text(f'[retry]\n"max_{ch}rounds" = 3\n', encoding="utf-8")
+        refused = cli("--config", config, "status", "--store", store_dir)
+        assert refused.code == 2, refused.err
+        escaped = f"\\u{ord(ch):04x}"
+        for text in (r.out, refused.err, cli("status", "--store", store_dir).out):
+            assert ch not in text, text
+        assert escaped in r.out and escaped in refused.err, (r.out, refused.err)
+
     def test_rich_markup_in_titles_is_text(self, cli: Cli, tmp_path: Path,
                                            store_dir: Path) -> None:
         """A title with Rich markup is printed as it is, not interpreted."""

@@ -297,3 +297,19 @@ class TestRecords:
             {"initial": 100, "unit": "investigation_units"}] * 3
         for r, h in zip(records, ANSWER["hypotheses"], strict=True):
             assert all(r[f] == h[f] for f in FIELDS)
+
+
+def test_a_models_long_values_are_cut_in_the_problems() -> None:
+    """A 5,000-character "source id" (or key) was quoted whole in the problem, and so in
+    the result message, the rejection artifact and the terminal; each problem's message
+    and pointer are cut to a few hundred characters, saying how long the value was."""
+    long_id = "S" + "9" * 5000
+    answer = _edit(["hypotheses", 0, "source_ids"], [long_id])
+    answer["hypotheses"][1]["k" * 3000] = 1
+    problems = validate_hypotheses(answer, CASE, INTERP, 3, 5)
+    rules = {p.rule for p in problems}
+    assert {"unknown_source", "unknown_field"} <= rules, rules
+    for p in problems:
+        assert len(p.message) <= 340 and len(p.pointer) <= 240, (p.rule, len(p.message))
+    cut = next(p for p in problems if p.rule == "unknown_source")
+    assert cut.message.endswith("characters)") and cut.pointer.startswith("/hypotheses/0/")

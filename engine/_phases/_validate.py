@@ -13,6 +13,16 @@ from ._spec import Problem
 MISSING: Any = object()  # what ``get(key, MISSING)`` gives for an absent key (already reported)
 
 
+MAX_MESSAGE = 300
+MAX_POINTER = 200
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} characters)"
+
+
 def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
@@ -22,7 +32,11 @@ class Checker:
         self.problems: list[Problem] = []
 
     def add(self, rule: str, pointer: str, message: str) -> None:
-        self.problems.append(Problem(rule, pointer, message))
+        """One problem. Its message and pointer quote the model's own values (an id, a
+        key), so they are cut to a few hundred characters: a 5,000-character "source id"
+        was echoed whole into the result, the rejection and the terminal."""
+        self.problems.append(Problem(rule, _cut(pointer, MAX_POINTER), _cut(message,
+                                                                            MAX_MESSAGE)))
 
     def object(self, value: Any, pointer: str, *, required: Collection[str],
                forbidden: Collection[str] = ()) -> dict[str, Any] | None:

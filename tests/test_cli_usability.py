@@ -179,6 +179,25 @@ class TestTheSameQuestionTheSameAnswer:
         assert "bob" not in again["operation"]
 
 
+    @pytest.mark.parametrize("by", ["policy:auto_confirm", "Policy:anything", " policy:x"])
+    @pytest.mark.parametrize("command", ["confirm", "reopen", "unblock"])
+    def test_a_person_cannot_take_a_policys_name(self, cli: Cli, sample: Path, tmp_path: Path,
+                                                 by: str, command: str) -> None:
+        """``policy:`` names are what the engine records for what a policy did (an
+        auto-confirmation); a person's --by with one was recorded as is, so the audit said
+        the policy confirmed a case it never confirmed. Refused, nothing written."""
+        store, cfg = tmp_path / "s", _fixture_config(tmp_path, sample)
+        _intake(cli, store, sample)
+        assert cli("interpret", "BUG-20", "--store", store, "--config", cfg).code == 0
+        before = snapshot(store)
+        extra = ["--reason", "again"] if command == "reopen" else []
+        r = cli(command, "BUG-20", "--by", by, *extra, "--store", store, "--json")
+        assert r.code == 2, r.out
+        assert r.json["error"]["reason"] == "usage_error", r.out  # type: ignore[index]
+        assert "policy:" in r.json["error"]["message"], r.out  # type: ignore[index]
+        assert snapshot(store) == before
+
+
 class TestResultsSayWhatHappened:
     def test_a_refused_provider_round_names_why(self, cli: Cli, sample: Path,
                                                 tmp_path: Path) -> None:

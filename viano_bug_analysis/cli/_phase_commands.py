@@ -33,9 +33,11 @@ from engine import (
     PackageView,
     PhaseRefused,
     PhaseSpec,
+    UsageError,
     confirm_change,
     interpretation_paths,
     reopen_change,
+    terminal_safe,
     unblock_change,
 )
 
@@ -150,8 +152,16 @@ def _operation(args: argparse.Namespace, config: Config, out: Output,
 
 
 def _who(args: argparse.Namespace) -> str:
+    """Who a person's operation is recorded as. ``policy:`` names are the engine's own (an
+    auto-confirmation is recorded as ``policy:auto_confirm``): a person may not take one,
+    or the audit would say a policy did what a person did."""
     if getattr(args, "by", None):
-        return str(args.by)
+        by = str(args.by)
+        if by.strip().casefold().startswith("policy:"):
+            raise UsageError(f"--by {terminal_safe(repr(by))}: names starting with 'policy:' are "
+                             "the engine's own (what a policy did)",
+                             hint="Give your own name, or leave --by out to use your login.")
+        return by
     try:
         return getpass.getuser()
     except (KeyError, OSError):

@@ -115,6 +115,49 @@ class TestMistakesAreRefused:
         assert snapshot(store) == before and not (store / "x.log").exists()
         assert cli("verify", "--store", store).code == 0
 
+    def test_a_hard_link_to_a_store_file_is_refused(self, cli: Cli, sample: Path,
+                                                   tmp_path: Path) -> None:
+        """A log name that is a hard link to a store file (a blob file, the database) passed
+        the path check, and the events were appended into it: verify then reported the
+        blob corrupt. A regular file with other names is refused."""
+        store = tmp_path / "s"
+        _intake(cli, store, sample)
+        before = snapshot(store)
+        link = tmp_path / "events.log"
+        os.link(store / "store.sqlite3", link)
+        r = cli("run", "--json", "--store", store, "--config",
+                _fixture_config(tmp_path, sample), "--log-json", link, "--all")
+        assert r.code == 2, r.out
+        assert "hard links" in r.json["error"]["message"], r.out  # type: ignore[index]
+        assert snapshot(store) == before
+        assert cli("verify", "--store", store).code == 0
+
+    def test_a_link_swapped_in_after_the_name_check_is_refused(
+            self, cli: Cli, sample: Path, tmp_path: Path,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        """The name is checked, then opened: a symbolic link put in its place in between
+        (here right after the check) is judged by what was opened."""
+        from viano_bug_analysis.cli import _events
+
+        store = tmp_path / "s"
+        assert cli("intake", "--store", store, "--report", sample / "report.json").code == 0
+        before = snapshot(store)
+        name = tmp_path / "events.log"
+        real = _events._outside_every_store
+        calls: list[Path] = []
+
+        def check_then_swap(target: str, path: Path, root: Path | None) -> None:
+            calls.append(path)
+            real(target, path, root)
+            if len(calls) == 1:
+                name.symlink_to(store / "store.sqlite3")
+
+        monkeypatch.setattr(_events, "_outside_every_store", check_then_swap)
+        r = cli("status", "--store", store, "--json", "--log-json", name)
+        assert r.code == 2, r.out
+        assert r.json["error"]["reason"] == "destination_in_store", r.out  # type: ignore[index]
+        assert snapshot(store) == before
+
     def test_a_block_device_is_refused(self, cli: Cli, tmp_path: Path) -> None:
         device = next((p for p in sorted(Path("/dev").glob("loop*"))
                        if p.is_block_device() and os.access(p, os.W_OK)), None)

@@ -61,14 +61,11 @@ def event_log(target: str | None, store_root: Path | None = None) -> Iterator[No
 _HINT = "Give a file in a directory that exists and is writable, or '-' for stderr."
 
 
-def open_log(target: str, store_root: Path | None) -> IO[str]:
-    """The event log's file, opened for appending, or a refusal (``usage_error``) that
-    names why: never a path inside the store (appending to its database would corrupt
-    it), never a FIFO that no process reads (opening it would wait for one forever), and
-    never a block device. A FIFO with a reader, a character device (``/dev/null``, a
-    terminal) and a regular file are what a log can be written to."""
+def _outside_every_store(target: str, path: Path, store_root: Path | None) -> None:
+    """Refuse (``destination_in_store``) a log path inside this store or any store folder:
+    appending to a store's database or a blob corrupts it."""
     try:
-        place = Path(target).resolve()
+        place = path.resolve()
         inside = enclosing_store(place)
         if store_root is not None:
             root = store_root.resolve()
@@ -80,6 +77,15 @@ def open_log(target: str, store_root: Path | None) -> IO[str]:
         raise UsageError(f"--log-json {_shown(target)} is inside the store folder "
                          f"{_shown(str(inside))}", reason="destination_in_store",
                          hint="Write the event log outside every store folder.")
+
+
+def open_log(target: str, store_root: Path | None) -> IO[str]:
+    """The event log's file, opened for appending, or a refusal (``usage_error``) that
+    names why: never a path inside the store (appending to its database would corrupt
+    it), never a FIFO that no process reads (opening it would wait for one forever), and
+    never a block device. A FIFO with a reader, a character device (``/dev/null``, a
+    terminal) and a regular file are what a log can be written to."""
+    _outside_every_store(target, Path(target), store_root)
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     try:
         fd = os.open(target, flags, 0o644)
@@ -89,9 +95,18 @@ def open_log(target: str, store_root: Path | None) -> IO[str]:
                              hint="Start its reader first, or give a file.") from exc
         raise _refused(target, exc.strerror or str(exc)) from exc
     try:
-        mode = os.fstat(fd).st_mode
+        st = os.fstat(fd)
+        mode = st.st_mode
         if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)):
             raise _refused(target, "not a file, a FIFO or a character device")
+        if stat.S_ISREG(mode):
+            if st.st_nlink > 1:  # another name may be inside a store: a blob, its database
+                raise _refused(target, "a file with other names (hard links), which may be "
+                                       "another program's file or a store's")
+            # What was opened, not what the name said before: a link swapped in since.
+            opened = Path(f"/proc/self/fd/{fd}")
+            if opened.is_symlink():
+                _outside_every_store(target, Path(os.readlink(opened)), store_root)
         os.set_blocking(fd, True)
         return open(fd, "a", encoding="utf-8", closefd=True)
     except BaseException:

@@ -158,6 +158,18 @@ class TestMistakesAreRefused:
         assert r.json["error"]["reason"] == "destination_in_store", r.out  # type: ignore[index]
         assert snapshot(store) == before
 
+    def test_a_store_that_is_a_dangling_link_is_refused_by_name(
+            self, cli: Cli, sample: Path, tmp_path: Path) -> None:
+        """--store naming a symbolic link to nothing: exit 2 saying so, nothing created
+        (it was store_unavailable, exit 1, "File exists")."""
+        link = tmp_path / "store"
+        link.symlink_to(tmp_path / "nowhere")
+        r = cli("intake", "--json", "--store", link, "--report", sample / "report.json")
+        assert r.code == 2, r.out
+        error = r.json["error"]  # type: ignore[index]
+        assert error["reason"] == "not_a_store" and "does not exist" in error["message"]
+        assert not (tmp_path / "nowhere").exists() and link.is_symlink()
+
     def test_a_block_device_is_refused(self, cli: Cli, tmp_path: Path) -> None:
         device = next((p for p in sorted(Path("/dev").glob("loop*"))
                        if p.is_block_device() and os.access(p, os.W_OK)), None)

@@ -38,6 +38,10 @@ def check_folder(root: Path, write: bool) -> bool:
     store. Creates nothing."""
     if root.exists() and not root.is_dir():
         raise NotAStore(f"--store {root} is a file, not a store folder")
+    if root.is_symlink() and not root.exists():
+        raise NotAStore(f"--store {root} is a symbolic link to {os.readlink(root)}, which "
+                        "does not exist",
+                        hint="Create the folder it names, or pass --store the folder itself.")
     db = root / DB_NAME
     if db.exists() or db.is_symlink():
         if not db.is_file():

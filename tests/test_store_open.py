@@ -8,6 +8,7 @@ import os
 import shutil
 import sqlite3
 import subprocess
+import json
 import zipfile
 from pathlib import Path
 
@@ -200,11 +201,13 @@ class TestReadOnlyStore:
                          ["export", "BUG-20", str(out / "bug.zip")]):
                 r = run_viano(*args, "--store", store, "--json", prefix=prefix)
                 assert r.returncode == 0, (args, r.stdout, r.stderr)
-            # Writing is refused with a reason, not a crash.
-            r = run_viano("intake", "--store", store, "--report", sample / "report.json",
-                          "--case-id", "W-1", "--json", prefix=prefix)
-            assert r.returncode in (1, 2), r.stdout
-            assert '"reason"' in r.stdout and "internal_error" not in r.stdout
+            # Writing is refused as what it is (store_read_only), not a crash; gc said
+            # store_unavailable, whose hint sent the user to verify.
+            for args in (["intake", "--report", str(sample / "report.json"), "--case-id",
+                          "W-1"], ["gc", "--min-age", "0"], ["import", str(out / "bug.zip")]):
+                r = run_viano(*args, "--store", store, "--json", prefix=prefix)
+                assert r.returncode == 1, (args, r.stdout)
+                assert json.loads(r.stdout)["error"]["reason"] == "store_read_only", r.stdout
         finally:
             make_writable(store)
         assert snapshot(store) == before

@@ -187,7 +187,7 @@ class SqliteStore:
                 if store_id is None:
                     raise StorageError(f"{self.db_path} has no store id",
                                        reason="store_corrupt", hint=self.repair_hint)
-                with translate("open the blob index"):
+                with translate("open the blob index", write=True):
                     attach_for_writing(conn, self.root, store_id)
             except BaseException:
                 conn.close()
@@ -266,7 +266,7 @@ class SqliteStore:
     def _transaction(self, requests: Sequence[Request], refused: list[VianoError | None],
                      inline: dict[str, bytes], large: Large) -> BatchRows:
         conn = self.writer
-        with self._commit_lock, translate("commit a batch"):
+        with self._commit_lock, translate("commit a batch", write=True):
             conn.execute("BEGIN IMMEDIATE")
             try:
                 recheck_files(self._blob_files, large, refused)
@@ -283,7 +283,7 @@ class SqliteStore:
 
     def _replace_index(self) -> None:
         log.warning("the blob index of %s is damaged; rebuilding it", self.root)
-        with self._commit_lock, translate("rebuild the blob index"):
+        with self._commit_lock, translate("rebuild the blob index", write=True):
             conn = self.writer
             conn.execute("DETACH DATABASE ix")
             discard(self.root)
@@ -367,7 +367,7 @@ class SqliteStore:
     @contextmanager
     def exclusive(self) -> Iterator[_Exclusive]:
         """Hold the write lock against every commit, in every process (gc)."""
-        with self._gate.use(), self._commit_lock, translate("lock the store"):
+        with self._gate.use(), self._commit_lock, translate("lock the store", write=True):
             conn = self.writer
             conn.execute("BEGIN IMMEDIATE")
             try:

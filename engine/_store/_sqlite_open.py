@@ -4,6 +4,7 @@ sqlite3 and OS errors at the storage boundary (see ``_sqlite`` for the store its
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -223,8 +224,15 @@ def connect(path: Path, *, writer: bool) -> sqlite3.Connection:
         conn.execute("PRAGMA busy_timeout=30000")
         conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
     except sqlite3.Error as exc:
+        if _read_only(exc):
+            raise read_only(f"open {path} to write", exc) from exc
         raise StorageError(f"cannot open {path}: {exc}", reason=_reason(exc)) from exc
     return conn
+
+
+def _read_only(exc: sqlite3.Error) -> bool:
+    """SQLite's own word that the file (or its folder, for the WAL) cannot be written."""
+    return isinstance(exc, sqlite3.OperationalError) and "readonly database" in str(exc)
 
 
 def _reason(exc: sqlite3.Error) -> str:
@@ -274,18 +282,34 @@ def probe(db: Path) -> tuple[sqlite3.Connection, bool]:
 
 
 @contextmanager
-def translate(doing: str) -> Iterator[None]:
-    """Translate sqlite3/OS errors at the storage boundary."""
+def translate(doing: str, *, write: bool = False) -> Iterator[None]:
+    """Translate sqlite3/OS errors at the storage boundary. In a ``write``, a file or folder
+    this user may not write is ``store_read_only`` (a read that may not read stays
+    ``store_unavailable``: "read commands still work" would not be true of it)."""
     try:
         yield
     except VianoError:
         raise
     except sqlite3.DatabaseError as exc:
+        if write and _read_only(exc):
+            raise read_only(doing, exc) from exc
         raise StorageError(f"could not {doing}: {exc}", reason=_reason(exc),
                            hint="Check that the store path is writable and the disk is not "
                                 "full, then run 'viano verify'.") from exc
     except OSError as exc:
+        if write and exc.errno in NOT_YOURS_TO_WRITE:
+            raise read_only(doing, exc) from exc
         raise StorageError(f"could not {doing}: {exc}", reason="store_unavailable",
                            hint="Check that the store path is writable and the disk is not "
                                 "full, then run the command again.") from exc
+
+
+# What the OS says of a store file or folder that this user may not write (or a read-only
+# file system): the store is read-only to this command, not unavailable.
+NOT_YOURS_TO_WRITE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+def read_only(doing: str, exc: BaseException) -> StorageError:
+    return StorageError(f"could not {doing}: {exc}", reason="store_read_only",
+                        hint="This store cannot be written by you; read commands still work.")
 

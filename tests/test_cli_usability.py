@@ -97,6 +97,9 @@ class TestMistakesAreRefused:
         assert r.code == 0, r.err  # waiting for a person: the same as with a good log
         assert "internal_error" not in r.out + r.err
         assert json.loads(r.out)["results"][0]["reason"] == "awaiting_confirmation"
+        # ... but the loss is said (it was silent): once when it begins, counted at the end.
+        assert r.err.count("events are being lost (No space left on device)") == 1, r.err
+        assert "event(s) could not be written" in r.err, r.err
 
     @pytest.mark.parametrize("where", ["store.sqlite3", "a new file", "the folder itself"])
     def test_never_inside_the_store(self, cli: Cli, sample: Path, tmp_path: Path,

@@ -4,11 +4,11 @@ a new store appears complete or not at all."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
 import subprocess
-import json
 import zipfile
 from pathlib import Path
 

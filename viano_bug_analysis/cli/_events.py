@@ -14,15 +14,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
-from engine import UsageError, enclosing_store
+from engine import UsageError, enclosing_store, terminal_safe
 
 from ._output import json_text
 
 
 class _JsonLines(logging.Handler):
-    def __init__(self, stream: IO[str]):
+    def __init__(self, stream: IO[str], name: str):
         super().__init__(logging.INFO)
         self.stream = stream
+        self.name_shown = name
+        self.failed: OSError | ValueError | None = None
+        self.lost = 0
 
     def emit(self, record: logging.LogRecord) -> None:
         event = getattr(record, "viano_event", None)
@@ -33,8 +36,22 @@ class _JsonLines(logging.Handler):
         try:
             self.stream.write(json_text(line, indent=None, ascii_only=True) + "\n")
             self.stream.flush()
-        except (OSError, ValueError):
-            pass  # a closed log never stops the work
+        except (OSError, ValueError) as exc:
+            # A full disk or a closed log never stops the work; it is said once, on
+            # stderr, when the first event is lost, and counted at the end.
+            self.lost += 1
+            if self.failed is None:
+                self.failed = exc
+                why = getattr(exc, "strerror", None) or type(exc).__name__
+                with suppress(OSError, ValueError):
+                    sys.stderr.write(f"warning: --log-json {self.name_shown}: events are "
+                                     f"being lost ({why}); the work goes on\n")
+
+    def report_lost(self) -> None:
+        if self.lost:
+            with suppress(OSError, ValueError):
+                sys.stderr.write(f"warning: --log-json {self.name_shown}: {self.lost} "
+                                 "event(s) could not be written\n")
 
 
 @contextmanager
@@ -44,7 +61,7 @@ def event_log(target: str | None, store_root: Path | None = None) -> Iterator[No
         return
     logger = logging.getLogger("viano.events")
     stream: IO[str] = sys.stderr if target == "-" else open_log(target, store_root)
-    handler = _JsonLines(stream)
+    handler = _JsonLines(stream, terminal_safe(_shown(target)))
     old_level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
@@ -53,6 +70,7 @@ def event_log(target: str | None, store_root: Path | None = None) -> Iterator[No
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old_level)
+        handler.report_lost()
         if stream is not sys.stderr:
             with suppress(OSError):  # a full disk or a gone reader never fails the work
                 stream.close()

@@ -133,7 +133,6 @@ from ._phases import validate_hypotheses as validate_hypotheses
 from ._phases import validate_interpretation as validate_interpretation
 from ._portable import ExportSummary as ExportSummary
 from ._portable import check_destination as check_destination
-from ._portable import enclosing_store as enclosing_store
 from ._portable import export_package as export_package
 from ._portable import read_export as read_export
 from ._process import tune_collector as tune_collector
@@ -181,6 +180,7 @@ from ._store import successor_violations as successor_violations
 from ._store import verify_store as verify_store
 from ._store import whole_history as whole_history
 from ._store._sources import open_regular as open_regular
+from ._store._sqlite_open import enclosing_store as enclosing_store
 from ._text import is_utf8 as is_utf8
 from ._text import markdown_block as markdown_block
 from ._text import markdown_inert as markdown_inert

@@ -59,7 +59,7 @@ from ._store._common import parse_stored_manifest
 from ._store._crash import crash_point
 from ._store._manifest import MAX_REVISION
 from ._store._sources import WouldWait, open_regular
-from ._store._sqlite_open import DB_NAME, ID_NAME
+from ._store._sqlite_open import enclosing_store
 
 log = logging.getLogger("viano.export")
 
@@ -93,19 +93,6 @@ def check_destination(dest: Path, store_root: Path | None, *, force: bool) -> Pa
 
 def _shown(path: Path) -> str:
     return str(path).encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def enclosing_store(path: Path) -> Path | None:
-    """The Viano store folder (this one or any other: a ``store-id`` beside a
-    ``store.sqlite3`` or a ``blobs`` folder) that ``path`` is in, if any. A file written
-    there (an export with ``--force``, an event log) could replace a store's database or
-    one of its files."""
-    target = path.resolve(strict=False)
-    for folder in (target, *target.parents):
-        if (folder / ID_NAME).is_file() and ((folder / DB_NAME).exists()
-                                             or (folder / "blobs").is_dir()):
-            return folder
-    return None
 
 
 def _check_destination(dest: Path, store_root: Path | None, *, force: bool) -> Path:

@@ -173,6 +173,23 @@ class TestMistakesAreRefused:
         assert error["reason"] == "not_a_store" and "does not exist" in error["message"]
         assert not (tmp_path / "nowhere").exists() and link.is_symlink()
 
+    @pytest.mark.parametrize("inner", ["blobs", "inner", "locks/x", "blobs/tmp/x"])
+    def test_a_new_store_inside_another_stores_folder_is_refused(
+            self, cli: Cli, sample: Path, tmp_path: Path, inner: str) -> None:
+        """A store made inside another's folders: the outer store's verify then counted
+        the inner one's files as its own temporary files, for ever (gc never removed
+        them). Refused (not_a_store), nothing created; the outer store is unchanged."""
+        outer = tmp_path / "s1"
+        _intake(cli, outer, sample)
+        before = snapshot(outer)
+        r = cli("intake", "--json", "--store", outer / inner, "--report",
+                sample / "report.json")
+        assert r.code == 2, r.out
+        error = r.json["error"]  # type: ignore[index]
+        assert error["reason"] == "not_a_store" and "inside the store folder" in error["message"]
+        assert snapshot(outer) == before and not (outer / inner).exists()
+        assert cli("verify", "--store", outer).code == 0
+
     def test_a_block_device_is_refused(self, cli: Cli, tmp_path: Path) -> None:
         device = next((p for p in sorted(Path("/dev").glob("loop*"))
                        if p.is_block_device() and os.access(p, os.W_OK)), None)

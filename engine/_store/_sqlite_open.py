@@ -62,7 +62,26 @@ def check_folder(root: Path, write: bool) -> bool:
     if not write:
         raise NotFound(f"no store at {root}", reason="no_store",
                        hint="Create one with 'viano intake' or pass --store PATH.")
+    outer = enclosing_store(root.parent)
+    if outer is not None:
+        # Inside another store's folders, its gc or verify would take the new store's files
+        # for its own (a temporary file it reports for ever, a blob it may delete).
+        raise NotAStore(f"--store {root} is inside the store folder {outer}",
+                        hint="Create the store outside every other store's folder.")
     return False
+
+
+def enclosing_store(path: Path) -> Path | None:
+    """The Viano store folder (this one or any other: a ``store-id`` beside a
+    ``store.sqlite3`` or a ``blobs`` folder) that ``path`` is in, if any. A file written
+    there (an export with ``--force``, an event log, a new store) could replace a store's
+    database or one of its files, or be taken for one of them."""
+    target = path.resolve(strict=False)
+    for folder in (target, *target.parents):
+        if (folder / ID_NAME).is_file() and ((folder / DB_NAME).exists()
+                                             or (folder / "blobs").is_dir()):
+            return folder
+    return None
 
 
 def create_store(root: Path) -> None:

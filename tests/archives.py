@@ -87,6 +87,23 @@ def zip_lying_count(path: Path, members: int) -> Path:
     return path
 
 
+def zip_lying_count_zip64(path: Path, members: int) -> Path:
+    """The same lie behind a zip64 record and locator (which zipfile reads whenever the
+    locator is there): both declare 1 entry over ``members``."""
+    import struct
+
+    zip_with(path, [(f"m{i}", b"") for i in range(members)])
+    raw = path.read_bytes()
+    end = raw.rfind(b"PK\x05\x06")
+    cd_size, cd_offset = struct.unpack("<II", raw[end + 12:end + 20])
+    record = struct.pack("<4sQHHIIQQQQ", b"PK\x06\x06", 44, 45, 45, 0, 0, 1, 1, cd_size,
+                         cd_offset)
+    locator = struct.pack("<4sIQI", b"PK\x06\x07", 0, end, 1)
+    eocd = struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, 1, 1, cd_size, cd_offset, 0)
+    path.write_bytes(raw[:end] + record + locator + eocd)
+    return path
+
+
 def zip_bad_crc(path: Path) -> Path:
     zip_with(path, [("data.log", b"hello world " * 50)], compression=zipfile.ZIP_STORED)
     raw = bytearray(path.read_bytes())

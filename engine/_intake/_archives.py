@@ -268,16 +268,20 @@ class _ZipScan(_Scan):
             if at < 0 or len(tail) - at < 22:
                 raise self.refuse(None, "no end-of-central-directory record", "corrupt_archive")
             entries, cd_size = struct.unpack("<10xH I", tail[at:at + 16])
-            # Where zipfile takes the directory to start: just before the end record (and
-            # the zip64 end record and locator, when there are those).
-            cd_end = self.archive_size - tail_len + at
-            if entries == 0xFFFF or cd_size == 0xFFFFFFFF:
-                cd_end -= 56 + 20
-                loc = tail.rfind(b"PK\x06\x07", 0, at)
-                if loc < 0:
+            # Where zipfile takes the directory to end: at the end record, or, as zipfile
+            # does, at the zip64 record when a zip64 locator sits right before the end
+            # record (the record 56 bytes before the locator, whatever the locator says):
+            # its counts then hold, whatever the end record declares.
+            eocd = cd_end = self.archive_size - tail_len + at
+            located = False
+            if eocd >= 20:
+                f.seek(eocd - 20)
+                located = f.read(4) == b"PK\x06\x07"
+            if located or entries == 0xFFFF or cd_size == 0xFFFFFFFF:
+                if not located or eocd < 76:
                     raise self.refuse(None, "zip64 record missing", "corrupt_archive")
-                (offset,) = struct.unpack("<8xQ", tail[loc:loc + 16])
-                f.seek(offset)
+                cd_end = eocd - 56 - 20
+                f.seek(cd_end)
                 record = f.read(56)
                 if record[:4] != b"PK\x06\x06" or len(record) < 56:
                     raise self.refuse(None, "zip64 record damaged", "corrupt_archive")

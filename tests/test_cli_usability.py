@@ -190,6 +190,32 @@ class TestMistakesAreRefused:
         assert snapshot(outer) == before and not (outer / inner).exists()
         assert cli("verify", "--store", outer).code == 0
 
+    def test_nothing_is_written_into_a_version_1_store(self, cli: Cli, sample: Path,
+                                                      tmp_path: Path) -> None:
+        """A version-1 store has no store-id until its first write: export --force
+        replaced its database with a zip, --log-json appended into its blob, and a new
+        store was made in its blobs folder, all as if it were no store."""
+        import zipfile
+
+        old = tmp_path / "v1"
+        with zipfile.ZipFile(Path(__file__).parent / "fixtures" / "store-v1.zip") as zf:
+            zf.extractall(old)
+        before = snapshot(old)
+        store = tmp_path / "s"
+        _intake(cli, store, sample)
+        blob = next(p for p in (old / "blobs").rglob("*") if p.is_file())
+        refusals = [
+            cli("export", "--json", "--store", store, "BUG-20", old / "store.sqlite3",
+                "--force"),
+            cli("status", "--json", "--store", store, "--log-json", blob),
+            cli("intake", "--json", "--store", old / "blobs" / "new", "--report",
+                sample / "report.json")]
+        for r in refusals:
+            assert r.code == 2, r.out
+            assert r.json["error"]["reason"] in ("destination_in_store",  # type: ignore[index]
+                                                 "not_a_store"), r.out
+        assert snapshot(old) == before
+
     def test_a_block_device_is_refused(self, cli: Cli, tmp_path: Path) -> None:
         device = next((p for p in sorted(Path("/dev").glob("loop*"))
                        if p.is_block_device() and os.access(p, os.W_OK)), None)
@@ -254,7 +280,9 @@ class TestTheSameQuestionTheSameAnswer:
         assert "bob" not in again["operation"]
 
 
-    @pytest.mark.parametrize("by", ["policy:auto_confirm", "Policy:anything", " policy:x"])
+    @pytest.mark.parametrize("by", ["policy:auto_confirm", "Policy:anything", " policy:x",
+                                    "\u2063policy:auto_confirm", "\u200bpolicy:x",
+                                    "\uff50olicy:auto_confirm"])
     @pytest.mark.parametrize("command", ["confirm", "reopen", "unblock"])
     def test_a_person_cannot_take_a_policys_name(self, cli: Cli, sample: Path, tmp_path: Path,
                                                  by: str, command: str) -> None:

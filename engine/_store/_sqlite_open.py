@@ -72,14 +72,15 @@ def check_folder(root: Path, write: bool) -> bool:
 
 
 def enclosing_store(path: Path) -> Path | None:
-    """The Viano store folder (this one or any other: a ``store-id`` beside a
-    ``store.sqlite3`` or a ``blobs`` folder) that ``path`` is in, if any. A file written
+    """The Viano store folder (this one or any other: two of a ``store-id``, a
+    ``store.sqlite3`` and a ``blobs`` folder) that ``path`` is in, if any. A file written
     there (an export with ``--force``, an event log, a new store) could replace a store's
     database or one of its files, or be taken for one of them."""
     target = path.resolve(strict=False)
     for folder in (target, *target.parents):
-        if (folder / ID_NAME).is_file() and ((folder / DB_NAME).exists()
-                                             or (folder / "blobs").is_dir()):
+        marks = ((folder / ID_NAME).is_file(), (folder / DB_NAME).exists(),
+                 (folder / "blobs").is_dir())
+        if sum(marks) >= 2:  # a version-1 store has no store-id until its first write
             return folder
     return None
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import unicodedata
 from collections.abc import Callable
 from typing import Any
 
@@ -157,7 +158,11 @@ def _who(args: argparse.Namespace) -> str:
     or the audit would say a policy did what a person did."""
     if getattr(args, "by", None):
         by = str(args.by)
-        if by.strip().casefold().startswith("policy:"):
+        # As it reads: compatibility forms folded (a fullwidth letter), and what shows as
+        # nothing (format characters: a zero-width space, an invisible separator) dropped.
+        seen = "".join(c for c in unicodedata.normalize("NFKC", by)
+                       if unicodedata.category(c) != "Cf")
+        if seen.strip().casefold().startswith("policy:"):
             raise UsageError(f"--by {terminal_safe(repr(by))}: names starting with 'policy:' are "
                              "the engine's own (what a policy did)",
                              hint="Give your own name, or leave --by out to use your login.")

@@ -105,7 +105,7 @@ class GatewayPool:
         self.stats: dict[str, ProviderStats] = {}
         for p in providers:
             secret = env.get(p.api_key_env) if p.api_key_env else None
-            if secret:
+            if secret is not None:
                 # As given, and without the line end a key read from a file keeps (no key
                 # has one): masked in both forms, sent in the second.
                 self.redactor.add(secret)
@@ -203,7 +203,9 @@ class GatewayPool:
             return AttemptResult(make_record(
                 ctx, None, started, started_at, failure=FailureClass.CONFIGURATION,
                 detail="missing_api_key",
-                error=f"environment variable {p.api_key_env} is not set"))
+                error=f"environment variable {p.api_key_env} " + (
+                    "is not set" if state.secret is None else "holds no key (it is empty, "
+                    "or only whitespace)")))
         if state.secret and _KEY_TEXT.fullmatch(state.secret) is None:
             # Sent, it fails in the HTTP layer with the key in the error text (its bytes'
             # repr, which no mask form covers), classed unavailable and retried every round.

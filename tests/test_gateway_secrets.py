@@ -131,6 +131,8 @@ async def test_no_echo_of_a_secret_survives_in_any_form(nursery: trio.Nursery, k
 
 ODD_KEYS = ["sk-ODDKEY-tail-0123456789\n", "sk-ODDKEY-in\tside-0123456789",
             "sk-ODDKEY-caf\u00e9-0123456789", "sk-ODDKEY-\x0b-vt-0123456789"]
+# Sent as they are (printable ASCII), but JSON writes them escaped: \" and \\.
+QUOTED_KEYS = ["sk-ODDKEY-back\\slash1234", 'sk-ODDKEY-ab"cd\\ef12345']
 
 
 def _renderings(secret: str) -> list[str]:
@@ -145,7 +147,7 @@ def _renderings(secret: str) -> list[str]:
             secret.encode("ascii", "xmlcharrefreplace").decode()]
 
 
-@pytest.mark.parametrize("secret", ODD_KEYS)
+@pytest.mark.parametrize("secret", ODD_KEYS + QUOTED_KEYS)
 def test_a_secret_with_an_odd_character_is_masked_in_every_rendering(secret: str) -> None:
     """The mask knew each character's JSON \\u, %xx (ASCII only) and HTML forms: a key with
     a newline, written as its bytes' repr in an HTTP library's error, survived whole."""

@@ -54,6 +54,8 @@ def _char_pattern(ch: str) -> str:
         forms.append(r"\\+/")
     if ch == " ":
         forms.append(r"\+")
+    if ch in ('"', "\\"):                                # JSON: \" and \\
+        forms.append(rf"\\+{re.escape(ch)}")
     if ch in _C_ESCAPES:                                 # JSON and repr: \n \r \t
         forms.append(rf"\\+{_C_ESCAPES[ch]}")
     if code < 0x20 or 0x7f <= code < 0x100:
@@ -130,7 +132,8 @@ class Redactor:
         if "%" in value or "&#" in value or "\\u" in value or "\\U" in value:
             return False
         secrets = self._secrets
-        if any(" " in s or not s.isascii() or not s.isprintable() for s in secrets):
+        if any(" " in s or not s.isascii() or not s.isprintable() or '"' in s or "\\" in s
+               for s in secrets):
             return False  # escaped forms (\n, \xc3, %c3) differ from the secret itself
         low = value.lower()
         if any(ch in value for ch in _IGNORECASE_CHARS):  # rare: translate() is slow

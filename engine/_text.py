@@ -21,10 +21,12 @@ import unicodedata
 # C0 (except the caller's choice of \n and \t), DEL, C1, and the bidi controls
 # (LRM/RLM/ALM, embeddings and overrides LRE..RLO, isolates LRI..PDI).
 # ... and lone surrogates (what a non-UTF-8 file name decodes to), which no terminal can show;
-# and what shows as nothing or breaks a line where the terminal does not: the zero-width
-# space, word joiner and BOM (a key or a name that looks like another), the line and
+# and what shows as nothing or breaks a line where the terminal does not: Unicode's format
+# characters (zero-width space, soft hyphen, word joiner, invisible operators, the
+# deprecated format controls, BOM, interlinear annotations, tags) and the line and
 # paragraph separators. (ZWNJ and ZWJ stay: scripts and emoji need them.)
-_SHOWS_NOTHING = "\u200b\u2028\u2029\u2060\ufeff"
+_SHOWS_NOTHING = ("\u00ad\u180e\u200b\u2028\u2029\u2060-\u2064\u206a-\u206f\ufeff"
+                  "\ufff9-\ufffb\U000e0001\U000e0020-\U000e007f")
 _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e"
                      f"\u2066-\u2069\ud800-\udfff{_SHOWS_NOTHING}]")
 _UNSAFE_ALL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e"

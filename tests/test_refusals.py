@@ -221,7 +221,9 @@ class TestTerminalSafety:
         j = cli("status", "--store", store_dir, "--json").out
         assert "\x9b" not in j and "\u202e" not in j and "\x1b" not in j
 
-    @pytest.mark.parametrize("ch", ["\u2028", "\u2029", "\u200b", "\u2060", "\ufeff"])
+    @pytest.mark.parametrize("ch", ["\u2028", "\u2029", "\u200b", "\u2060", "\ufeff",
+                                    "\u2063", "\u00ad", "\U000e0041", "\u180e", "\u206a",
+                                    "\ufff9"])
     def test_what_shows_as_nothing_or_breaks_a_line_is_escaped(
             self, cli: Cli, tmp_path: Path, store_dir: Path, ch: str) -> None:
         """A line or paragraph separator in a member name split the catalogue's table row
@@ -236,7 +238,8 @@ class TestTerminalSafety:
         config.write_text(f'[retry]\n"max_{ch}rounds" = 3\n', encoding="utf-8")
         refused = cli("--config", config, "status", "--store", store_dir)
         assert refused.code == 2, refused.err
-        escaped = f"\\u{ord(ch):04x}"
+        code = ord(ch)
+        escaped = f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
         for text in (r.out, refused.err, cli("status", "--store", store_dir).out):
             assert ch not in text, text
         assert escaped in r.out and escaped in refused.err, (r.out, refused.err)

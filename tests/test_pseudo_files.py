@@ -119,3 +119,18 @@ def test_a_waiting_config_is_config_invalid(cli: Cli, tmp_path: Path,
                                             waiting_file: Path) -> None:
     _refused(cli, "--config", waiting_file, "--store", tmp_path / "s", "status",
              reason="config_invalid")
+
+
+def test_bulk_intake_refuses_a_waiting_folder_entry(waiting_file: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder's entry is read through its own descriptor (never through a link): that
+    read waited too (an empty kernel buffer: a TypeError; with a message in it, the
+    message taken in as a case). It is unreadable_input."""
+    from engine import InputRejected, IntakeLimits
+    from viano_bug_analysis.cli import _intake_commands
+
+    monkeypatch.setattr(_intake_commands, "stat", _sources.stat)  # regular to stat
+    with pytest.raises(InputRejected) as info:
+        _intake_commands._read_entry(_intake_commands._Item("kmsg.log", waiting_file),
+                                     IntakeLimits())
+    assert info.value.reason == "unreadable_input" and "would wait" in info.value.message

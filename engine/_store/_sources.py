@@ -90,11 +90,17 @@ def open_regular(path: Path) -> BinaryIO:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise NotRegularFile(path, mode)
-        raw = _NeverWaits(fd, "rb", closefd=True)
+        return reader_of(fd, str(path))
     except BaseException:
         os.close(fd)
         raise
-    raw.name = str(path)  # FileIO names an fd by its number
+
+
+def reader_of(fd: int, name: str) -> BinaryIO:
+    """A buffered reader over ``fd`` (opened with ``O_NONBLOCK``, kept so), which it owns:
+    a read that would wait raises :class:`WouldWait` (see :func:`open_regular`)."""
+    raw = _NeverWaits(fd, "rb", closefd=True)
+    raw.name = name  # FileIO names an fd by its number
     return io.BufferedReader(raw)
 
 

@@ -44,6 +44,7 @@ from engine import (
     open_regular,
     prepare_intake,
 )
+from engine._store._sources import WouldWait, reader_of
 from engine._text import terminal_safe
 
 from ._batch_commands import _stoppable
@@ -360,11 +361,15 @@ def _read_entry(item: _Item, limits: IntakeLimits) -> bytes:
                if exc.errno == errno.ELOOP else exc.strerror or str(exc))
         raise InputRejected(f"{item.label}: not read ({why})", reason="unreadable_input"
                             ) from exc
-    with os.fdopen(fd, "rb") as f:
+    with reader_of(fd, str(item.path)) as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise InputRejected(f"{item.label}: not a regular file any more",
                                 reason="unreadable_input")
-        raw = f.read(limits.max_report_bytes + 1)
+        try:  # a pseudo-file (/proc/kmsg) is regular to stat and waits when read
+            raw = f.read(limits.max_report_bytes + 1)
+        except WouldWait as exc:
+            raise InputRejected(f"{item.label}: not read ({exc.strerror})",
+                                reason="unreadable_input") from exc
     if len(raw) > limits.max_report_bytes:
         raise InputRejected(f"{item.label}: larger than max_report_bytes="
                             f"{limits.max_report_bytes}", reason="limit_exceeded")

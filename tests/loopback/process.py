@@ -43,7 +43,10 @@ class Provider:
     def _lines(self) -> list[dict[str, Any]]:
         if not self.log.exists():
             return []
-        return [json.loads(x) for x in self.log.read_text().splitlines() if x.strip()]
+        # Only whole lines: the server may be writing the last one as it is read (a test
+        # that polled the log mid-write failed on half a JSON line).
+        complete = self.log.read_text().split("\n")[:-1]
+        return [json.loads(x) for x in complete if x.strip()]
 
     def stop(self) -> None:
         self.proc.kill()

@@ -198,6 +198,32 @@ class TestALoweredRoundLimit:
         log = cli("log", "BUG-20", "--store", store)
         assert "unblock" in log.out, log.out
 
+    def test_a_series_that_ended_on_a_rejected_answer_can_be_unblocked(
+            self, cli: Cli, tmp_path: Path, answers: Path) -> None:
+        """An unavailable round, then an invalid answer (rejected), then max_rounds lowered
+        to 1: dispatch under a new attempt id says BLOCKED rounds_exhausted (one
+        unavailable round reaches the limit), and unblock refused with not_blocked (it
+        asked for the series to end on an unavailable round): the same dead end by
+        another road. Now one rule serves dispatch, unblock and the audit."""
+        p = _provider(tmp_path, answers, script="503,prose")
+        fast = "base_delay_s = 0.000001\nmax_delay_s = 0.000001\n"
+        five = _config(tmp_path, [("loopback", p.port)], f"[retry]\nmax_rounds = 5\n{fast}")
+        one = _config(tmp_path, [("loopback", p.port)], f"[retry]\nmax_rounds = 1\n{fast}")
+        store = tmp_path / "s"
+        _intake(cli, store)
+        assert _dispatch(cli, "interpret", store, five)[0] == 10
+        code, doc = _dispatch(cli, "interpret", store, five)
+        assert doc["reason"] == "invalid_answer", doc
+        code, doc = _dispatch(cli, "interpret", store, one, "--attempt-id", "second")
+        assert (code, doc["status"], doc["reason"]) == (12, "BLOCKED", "rounds_exhausted"), doc
+        r = cli("unblock", "BUG-20", "--by", "qa.lead", "--store", store, "--config", one)
+        assert r.code == 0, r.err
+        assert cli("verify", "--store", store).code == 0
+        code, doc = _dispatch(cli, "interpret", store, one, "--attempt-id", "second")
+        assert (code, doc["status"], doc["reason"]) == (
+            0, "COMPLETED", "awaiting_confirmation"), doc
+        assert cli("verify", "--store", store).code == 0
+
     @pytest.mark.parametrize(("unblock", "outcomes", "stands"), [
         ({"exhausted_by_max_rounds": 2}, ["unavailable", "unavailable"], True),
         ({"exhausted_by_max_rounds": 1}, ["unavailable", "unavailable"], True),
@@ -206,12 +232,14 @@ class TestALoweredRoundLimit:
         ({"exhausted_by_max_rounds": True}, ["unavailable"], False),
         ({"exhausted_by_max_rounds": "1"}, ["unavailable"], False),
         ({}, ["unavailable", "unavailable"], False),
-        ({"exhausted_by_max_rounds": 1}, ["unavailable", "invalid"], False),
+        ({"exhausted_by_max_rounds": 1}, ["unavailable", "invalid"], True),
+        ({"exhausted_by_max_rounds": 2}, ["unavailable", "invalid"], False),
     ])
     def test_the_audit_checks_the_limit_an_unblock_names(
             self, unblock: dict[str, Any], outcomes: list[str], stands: bool) -> None:
         """An unblock after a series that was not marked blocked stands only if the limit
-        it names is a count its unavailable rounds reached, and the series ended on one."""
+        it names is a count its unavailable rounds reached (the rule dispatch answers
+        BLOCKED by, whatever round came last)."""
         from engine._phases._history import _exhausted_by_a_lower_limit
         from engine._phases._protocol import RoundInfo
 

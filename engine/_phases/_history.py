@@ -42,6 +42,7 @@ from ._protocol import (
     Refusal,
     RoundInfo,
     attempt_hash,
+    exhausted_by,
     phase_dir,
 )
 from ._spec import PhaseSpec, paths, policy_bytes
@@ -288,8 +289,7 @@ def _exhausted_by_a_lower_limit(unblock: Mapping[str, Any], rounds: Sequence[Rou
     """An unblock of a series whose last round was not blocked by the limit of its time,
     but which a lower ``max_rounds`` exhausted (its unblock names that limit)."""
     limit = unblock.get("exhausted_by_max_rounds")
-    return type(limit) is int and limit >= 1 and rounds[-1].outcome == "unavailable" and \
-        sum(r.outcome == "unavailable" for r in rounds) >= limit
+    return type(limit) is int and exhausted_by(limit, rounds)
 
 
 def _blocked(doc: Mapping[str, Any] | None) -> bool:

@@ -248,7 +248,7 @@ def decide(state: PhaseState, request: DispatchRequest, now: float) -> Step:
                       f"attempt {request.attempt_id!r} was rejected under these inputs; "
                       "correct it with a new --attempt-id (the policy stays pinned)")
     max_rounds = request.retry.max_rounds
-    if state.unavailable_rounds >= max_rounds:
+    if exhausted_by(max_rounds, state.rounds):
         return Finish(BLOCKED, "rounds_exhausted",
                       f"{state.unavailable_rounds} rounds found no provider available; "
                       "'viano unblock' allows a new series", round=last.round if last else None,
@@ -272,6 +272,14 @@ def _due(doc: Mapping[str, Any]) -> float | None:
     if isinstance(retry, dict) and isinstance(retry.get("due_at_posix"), float):
         return float(retry["due_at_posix"])
     return None
+
+
+def exhausted_by(limit: int, rounds: Sequence[RoundInfo]) -> bool:
+    """Whether ``limit`` (a ``max_rounds``) exhausts a series: it holds at least ``limit``
+    unavailable rounds. One rule for the three that must agree: dispatch answers BLOCKED
+    by it, ``unblock`` accepts a series that a since-lowered limit exhausted by it, and
+    the history audit checks that unblock by it."""
+    return limit >= 1 and sum(r.outcome == "unavailable" for r in rounds) >= limit
 
 
 def parse_rounds(paths: Sequence[str], prefix: str) -> tuple[int, list[RoundInfo],

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 import attrs
 import cattrs
+import httpx
 
 from ._errors import ConfigError
 from ._store._sources import NotRegularFile, WouldWait, open_regular
@@ -184,12 +185,20 @@ class ProviderConfig:
 
 
 def _http_url(url: str) -> bool:
+    """Whether the HTTP client will call ``url`` as written: http(s), a host and a port
+    (urlsplit's view), and the same for httpx, which refuses some of what urlsplit takes
+    (``[::1]x``, an invalid IDNA label) and percent-encodes a space in a host. A space or
+    a control character anywhere is refused: no server is named with one."""
+    if any(c <= " " or "\x7f" <= c <= "\x9f" for c in url):
+        return False
     try:
         parts = urlsplit(url)
-        return parts.scheme in ("http", "https") and bool(parts.hostname) and \
+        ours = parts.scheme in ("http", "https") and bool(parts.hostname) and \
             (parts.port is None or parts.port > 0)
-    except ValueError:  # a port that is not a number, a bad IPv6 literal
+        ours = ours and bool(httpx.URL(url).host)  # decoded: a bad A-label is refused
+    except (httpx.InvalidURL, ValueError):  # IDNAError is a ValueError (UnicodeError)
         return False
+    return ours
 
 
 @attrs.frozen

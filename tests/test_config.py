@@ -54,7 +54,10 @@ BAD = {
     **{f"base_url {url!r}": (f'[[providers]]\nname = "a"\nkind = "openai"\nmodel = "m"\n'
                              f'base_url = "{url}"\n', "base_url must be an http")
        for url in ("ftp://h/v1", "127.0.0.1:8080/v1", "http://", "http://h:99999/v1",
-                   "file:///etc/passwd", "h/v1")},
+                   "file:///etc/passwd", "h/v1",
+                   # urlsplit accepts these, httpx does not (or sends them elsewhere):
+                   "http://[::1]x/v1", "http://a b/v1", "http://h\\t/v1", "http://h:0/v1",
+                   "http://xn--zz.example/v1", "http://h/v1\\u0000")},
 }
 
 
@@ -268,7 +271,8 @@ def test_a_base_url_with_credentials_is_refused_unechoed(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8080/v1", "https://api.example.com/v1",
-                                 "http://[::1]:9/v1", "https://user:pw@h.example/v1?key=k"])
+                                 "http://[::1]:9/v1", "https://user:pw@h.example/v1?key=k",
+                                 "https://bücher.example/v1"])
 def test_a_base_url_a_client_can_call_is_accepted(tmp_path: Path, url: str) -> None:
     c = _load(tmp_path, f'[[providers]]\nname = "a"\nkind = "openai"\nmodel = "m"\n'
                         f'base_url = "{url}"\n')

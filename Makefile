@@ -23,8 +23,9 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # pytest exits 5 when it collected no tests; that is a failure here, never a pass.
+# -n 2 (pytest-xdist): two worker processes, one per core; each starts its own PostgreSQL.
 pytest: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider; rc=$$?; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
 test: lint typecheck pytest

@@ -224,6 +224,7 @@ class TestALoweredRoundLimit:
             0, "COMPLETED", "awaiting_confirmation"), doc
         assert cli("verify", "--store", store).code == 0
 
+    @pytest.mark.no_store  # pure: runs once, not per backend
     @pytest.mark.parametrize(("unblock", "outcomes", "stands"), [
         ({"exhausted_by_max_rounds": 2}, ["unavailable", "unavailable"], True),
         ({"exhausted_by_max_rounds": 1}, ["unavailable", "unavailable"], True),

@@ -193,12 +193,12 @@ def _http_url(url: str) -> bool:
         return False
     try:
         parts = urlsplit(url)
-        ours = parts.scheme in ("http", "https") and bool(parts.hostname) and \
-            (parts.port is None or parts.port > 0)
-        ours = ours and bool(httpx.URL(url).host)  # decoded: a bad A-label is refused
+        port = parts.port  # a port that is not a number raises here
+        theirs = httpx.URL(url).host  # decoded: a bad A-label raises IDNAError
     except (httpx.InvalidURL, ValueError):  # IDNAError is a ValueError (UnicodeError)
         return False
-    return ours
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and bool(theirs) and \
+        (port is None or port > 0)
 
 
 @attrs.frozen

@@ -168,6 +168,19 @@ class TestBatchWait:
 
 
 class TestALoweredRoundLimit:
+    @staticmethod
+    def _intaken(cli: Cli, tmp_path: Path, answers: Path, *, script: str
+                 ) -> tuple[Path, Path, Path]:
+        """An intaken store, and configs with max_rounds = 5 and = 1 (no delay between
+        rounds) for a provider that plays ``script``."""
+        p = _provider(tmp_path, answers, script=script)
+        fast = "base_delay_s = 0.000001\nmax_delay_s = 0.000001\n"
+        five = _config(tmp_path, [("loopback", p.port)], f"[retry]\nmax_rounds = 5\n{fast}")
+        one = _config(tmp_path, [("loopback", p.port)], f"[retry]\nmax_rounds = 1\n{fast}")
+        store = tmp_path / "s"
+        _intake(cli, store)
+        return store, five, one
+
     def test_blocked_by_a_lowered_max_rounds_can_be_unblocked(
             self, cli: Cli, tmp_path: Path, answers: Path) -> None:
         """Two unavailable rounds under max_rounds = 5, then max_rounds lowered to 1:
@@ -175,12 +188,7 @@ class TestALoweredRoundLimit:
         (not_blocked: the last round was not marked blocked under the old limit), a dead
         end. Now the unblock records the limit it went by, verify accepts it, and a new
         series runs."""
-        p = _provider(tmp_path, answers, script="503,503")
-        fast = "base_delay_s = 0.000001\nmax_delay_s = 0.000001\n"
-        five = _config(tmp_path, [("loopback", p.port)], f"[retry]\nmax_rounds = 5\n{fast}")
-        one = _config(tmp_path, [("loopback", p.port)], f"[retry]\nmax_rounds = 1\n{fast}")
-        store = tmp_path / "s"
-        _intake(cli, store)
+        store, five, one = self._intaken(cli, tmp_path, answers, script="503,503")
         assert _dispatch(cli, "interpret", store, five)[0] == 10
         assert _dispatch(cli, "interpret", store, five)[0] == 10
         code, doc = _dispatch(cli, "interpret", store, one)
@@ -205,12 +213,7 @@ class TestALoweredRoundLimit:
         unavailable round reaches the limit), and unblock refused with not_blocked (it
         asked for the series to end on an unavailable round): the same dead end by
         another road. Now one rule serves dispatch, unblock and the audit."""
-        p = _provider(tmp_path, answers, script="503,prose")
-        fast = "base_delay_s = 0.000001\nmax_delay_s = 0.000001\n"
-        five = _config(tmp_path, [("loopback", p.port)], f"[retry]\nmax_rounds = 5\n{fast}")
-        one = _config(tmp_path, [("loopback", p.port)], f"[retry]\nmax_rounds = 1\n{fast}")
-        store = tmp_path / "s"
-        _intake(cli, store)
+        store, five, one = self._intaken(cli, tmp_path, answers, script="503,prose")
         assert _dispatch(cli, "interpret", store, five)[0] == 10
         code, doc = _dispatch(cli, "interpret", store, five)
         assert doc["reason"] == "invalid_answer", doc

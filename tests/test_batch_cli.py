@@ -5,6 +5,7 @@ batches on one store at once, and the JSON summary."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import signal
@@ -91,20 +92,24 @@ class _Process:
     """A ``viano`` child whose stdout and stderr lines arrive on queues (read by threads,
     so a test waits on lines, never on the clock)."""
 
-    def __init__(self, *args: str | Path, env: dict[str, str]):
+    def __init__(self, *args: str | Path, env: dict[str, str],
+                 stdout: IO[str] | int = subprocess.PIPE):
         self.proc = subprocess.Popen(
             [*VIANO,
-             *[str(a) for a in args]], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+             *[str(a) for a in args]], stdout=stdout, stderr=subprocess.PIPE,
             text=True, env=env, cwd=REPO)
         _CHILDREN.append(self.proc)
         self.queues: dict[str, queue.Queue[str | None]] = {"out": queue.Queue(),
                                                             "err": queue.Queue()}
         self.seen: list[str] = []
         self.errors: list[str] = []
-        assert self.proc.stdout is not None and self.proc.stderr is not None
+        if self.proc.stdout is None:  # stdout went elsewhere: nothing to read on it
+            self.queues["out"].put(None)
+        assert self.proc.stderr is not None
         for name, stream in (("out", self.proc.stdout), ("err", self.proc.stderr)):
-            threading.Thread(target=self._pump, args=(stream, self.queues[name]),
-                             daemon=True).start()
+            if stream is not None:
+                threading.Thread(target=self._pump, args=(stream, self.queues[name]),
+                                 daemon=True).start()
 
     @staticmethod
     def _pump(stream: IO[str], into: queue.Queue[str | None]) -> None:
@@ -336,6 +341,33 @@ class TestTheReaderGoesAway:
         assert _completed_in(store) == set(ids)
         _one_batch_each(store, ids)
 
+    @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+    @pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["text", "json"])
+    def test_a_full_stdout_finishes_every_case_and_fails(
+            self, tmp_path: Path, answers: Path, json_flag: list[str]) -> None:
+        """``viano batch > /dev/full``: the batch stopped at its first line, most cases
+        untouched. Now it goes on to the end, says once on stderr that its lines are
+        lost, and exits 1 (output_unwritable): the report is lost, the work is not."""
+        provider = Provider(tmp_path, answers)
+        try:
+            store = tmp_path / "s"
+            ids = [f"F-{i}" for i in range(12)]
+            trio.run(_intake, store, tmp_path, ids)
+            with open("/dev/full", "w") as full:
+                r = subprocess.run([*VIANO, *json_flag, "batch", "--all", "--concurrency",
+                                    "2", "--store", str(store)], stdout=full,
+                                   stderr=subprocess.PIPE, text=True, timeout=120,
+                                   env=_env(_config(tmp_path, provider.port)), cwd=REPO,
+                                   check=False)
+        finally:
+            provider.stop()
+        assert r.returncode == 1, r.stderr
+        assert r.stderr.count("error[output_unwritable]") == 1, r.stderr
+        assert "Traceback" not in r.stderr and "internal_error" not in r.stderr, r.stderr
+        assert _completed_in(store) == set(ids)
+        _one_batch_each(store, ids)
+        assert run_viano("verify", "--store", store).returncode == 0
+
 
 # SIGTERM just before the command takes the signals over (while the engine starts): the
 # child sends it to itself as _stoppable is entered, the moment it used to be fatal.
@@ -469,6 +501,45 @@ def _finished_one_and_another_is_calling(lines: list[str]) -> bool:
         elif event.get("event") == "step" and event.get("status") == "RUNNING" and finished:
             calling.add(event.get("case_id", ""))
     return bool(calling - finished)
+
+
+def _results_in(lines: list[str]) -> set[str]:
+    """The cases completed by a result event among ``lines`` (``--log-json -``)."""
+    ids = set()
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if (isinstance(event, dict) and event.get("event") == "result"
+                    and event.get("status") == "COMPLETED"
+                    and event.get("phase") == "GENERATING_HYPOTHESES"):
+                ids.add(event["case_id"])
+    return ids
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_daemon_whose_stdout_is_full_goes_on_and_fails_when_stopped(
+        tmp_path: Path, answers: Path) -> None:
+    """``viano daemon > /dev/full``: it stopped at its first line. Now it says so at once
+    on stderr, finishes every case, and exits 1 (output_unwritable) when stopped."""
+    provider = Provider(tmp_path, answers)
+    try:
+        store = tmp_path / "s"
+        ids = [f"DF-{i}" for i in range(8)]
+        trio.run(_intake, store, tmp_path, ids)
+        with open("/dev/full", "w") as full:
+            proc = _Process("daemon", "--store", store, "--concurrency", "2", "--log-json",
+                            "-", env=_env(_config(tmp_path, provider.port)), stdout=full)
+        proc.until(lambda lines: any("warning:" in x for x in lines), stream="err")
+        proc.until(lambda lines: _results_in(lines) >= set(ids), stream="err")
+        proc.proc.send_signal(signal.SIGTERM)
+        rc, err = proc.finish(timeout=30)
+    finally:
+        provider.stop()
+    assert rc == 1, err
+    assert err.count("error[output_unwritable]") == 1, err
+    assert "Traceback" not in err and "internal_error" not in err, err
+    assert _completed_in(store) == set(ids)
+    _one_batch_each(store, ids)
 
 
 class TestDaemonEndings:

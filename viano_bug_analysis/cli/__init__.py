@@ -29,9 +29,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         out.as_json = bool(args.json)
         config = Config.resolve(args.config)
         with event_log(args.log_json, store_path(args, config)), _terminate_as_interrupt():
-            return COMMANDS[args.command](args, out, config)
+            code = COMMANDS[args.command](args, out, config)
     except BaseException as exc:  # every ending gets a reason and a code
         return _report(out, _cause(exc))
+    if out.unwritable is not None:  # a command that went on without its lines
+        return code or _report(out, out.unwritable)
+    return code
 
 
 @contextlib.contextmanager

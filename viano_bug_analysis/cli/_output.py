@@ -116,6 +116,9 @@ class Output:
         # not the work. Other commands stop there (what they had to write is durable).
         self.outlives_reader = False
         self.reader_gone = False
+        # Such a command whose stdout refused a line (a full disk) goes on too, without
+        # its lines, and fails at the end with this (``main``): the report was lost.
+        self.unwritable: OutputUnwritable | None = None
 
     def _print(self, renderable: Any) -> None:
         if self.reader_gone:
@@ -128,6 +131,14 @@ class Output:
                 raise
             self.reader_gone = True
             quiet_stdout()
+        except OutputUnwritable as exc:
+            if not self.outlives_reader:
+                raise
+            self.reader_gone = True
+            self.unwritable = exc
+            with contextlib.suppress(OSError):  # stderr gone too: the exit code says it
+                self.note(f"warning: {exc.message}; the work goes on without its lines, "
+                          f"and the command will exit 1")
 
     def document(self, value: Any) -> None:
         """The single JSON document of a ``--json`` run."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PYTHON, VIANO, Cli, child_env
+from tests.conftest import PYTHON, VIANO, Cli, child_env, run_viano
 from tests.store_helpers import open_ro
 from viano_bug_analysis.cli._commands import COMMANDS
 
@@ -187,6 +187,62 @@ run()
         else:
             assert proc.stdout == ""
         assert not store.exists()
+
+    # A signal that comes once the command has returned: as its event log closes, or as
+    # the interpreter shuts down (atexit), the moments a Ctrl-C just after the result
+    # lands in.
+    LATE_SIGNAL = """
+import atexit, contextlib, os, signal, sys
+import viano_bug_analysis.cli as cli
+sig, moment = getattr(signal, sys.argv.pop(1)), sys.argv.pop(1)
+if moment == "closing":
+    real = cli.event_log
+    @contextlib.contextmanager
+    def closing(*args, **kwargs):
+        with real(*args, **kwargs) as log:
+            yield log
+        os.kill(os.getpid(), sig)
+    cli.event_log = closing
+else:
+    atexit.register(os.kill, os.getpid(), sig)
+from viano_main import run
+run()
+"""
+
+    @pytest.mark.no_store  # the console script's own signal handling, on any store
+    @pytest.mark.parametrize("moment", ["closing", "exiting"])
+    @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+    def test_a_signal_after_the_result_interrupts_nothing(self, tmp_path: Path, sig: str,
+                                                          moment: str) -> None:
+        """The result stands (exit 0, its one document, nothing on stderr). It was exit 130
+        with ``interrupted`` on stderr, a KeyboardInterrupt traceback, or the process
+        killed by the signal with nothing said."""
+        store = tmp_path / "s"
+        report = tmp_path / "r.txt"
+        report.write_text("Crash\nIt crashes.\n")
+        assert run_viano("--store", store, "intake", "--report", report).returncode == 0
+        proc = subprocess.run([PYTHON, "-c", self.LATE_SIGNAL, sig, moment, "--json",
+                               "status", "--store", store], capture_output=True, text=True,
+                              env=child_env(), timeout=120, check=False)
+        assert proc.returncode == 0, (proc.returncode, proc.stderr)
+        assert proc.stderr == "", proc.stderr
+        assert [c["status"] for c in json.loads(proc.stdout)] == ["READY"]
+
+    @pytest.mark.no_store
+    def test_main_in_process_gives_the_callers_handlers_back(self, tmp_path: Path) -> None:
+        """Only the console script goes deaf once its command has ended: ``main`` called
+        by an embedding program (here in its main thread) leaves its handlers as they
+        were, ignoring nothing."""
+        import signal
+
+        from viano_bug_analysis.cli import main
+
+        before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        report = tmp_path / "r.txt"
+        report.write_text("Crash\nIt crashes.\n")
+        assert main(["--store", str(tmp_path / "s"), "intake", "--report", str(report)]) == 0
+        assert {s: signal.getsignal(s) for s in before} == before
+        assert signal.SIG_IGN not in before.values()
 
 
 class TestPhaseCommands:

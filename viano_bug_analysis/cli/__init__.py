@@ -20,25 +20,34 @@ from ._output import Output, OutputUnwritable, quiet_stdout, writing_stdout
 from ._parser import Shown, build_parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, whole_process: bool = False) -> int:
+    """Run one command; its exit code. ``whole_process``: this is the console script, and
+    the process ends with the command, so once the command has ended a SIGINT or SIGTERM
+    interrupts nothing and is ignored (see ``_deaf_to_signals``). An embedding caller
+    keeps its own handlers."""
     argv = list(sys.argv[1:] if argv is None else argv)
     # Decided before parsing, so that a usage error under --json is a JSON document too.
     out = Output(as_json="--json" in argv)
+    code: int | None = None
     try:
         args = build_parser().parse_args(argv)
         out.as_json = bool(args.json)
         config = Config.resolve(args.config)
-        with event_log(args.log_json, store_path(args, config)), _terminate_as_interrupt():
+        with _terminate_as_interrupt(then_deaf=whole_process), \
+                event_log(args.log_json, store_path(args, config)):
             code = COMMANDS[args.command](args, out, config)
     except BaseException as exc:  # every ending gets a reason and a code
-        return _report(out, _cause(exc))
+        # An interruption after the command returned (while its event log closed)
+        # interrupted nothing: its result stands.
+        if code is None or not isinstance(_cause(exc), KeyboardInterrupt):
+            return _report(out, _cause(exc))
     if out.unwritable is not None:  # a command that went on without its lines
         return code or _report(out, out.unwritable)
     return code
 
 
 @contextlib.contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
+def _terminate_as_interrupt(*, then_deaf: bool = False) -> Iterator[None]:
     """A SIGTERM is what a Ctrl-C is, for every command: delivered to whichever SIGINT
     handler is in place when it comes (Python's, or trio's inside ``trio.run``, which
     interrupts only where that is safe), so a command cleans up as it does on Ctrl-C (an
@@ -47,7 +56,8 @@ def _terminate_as_interrupt() -> Iterator[None]:
     ignored (a background job) is given Python's handler for the command, or SIGTERM
     would have nothing to be delivered to. Commands that take the signals over (batch,
     daemon) set their own handlers inside this one. Only in the main thread (an embedding
-    caller's thread cannot set handlers, and keeps its own)."""
+    caller's thread cannot set handlers, and keeps its own). ``then_deaf``: on the way
+    out, the signals are ignored rather than given back their handlers."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -67,11 +77,25 @@ def _terminate_as_interrupt() -> Iterator[None]:
     try:
         yield
     finally:
-        # None: a handler not set from Python, which cannot be put back (nor was changed).
-        signal.signal(signal.SIGTERM, previous_term if previous_term is not None
-                      else signal.SIG_DFL)
-        if own_int:
-            signal.signal(signal.SIGINT, previous_int)
+        if then_deaf:
+            _deaf_to_signals()
+        else:
+            # None: a handler not set from Python, which cannot be put back (nor was
+            # changed).
+            signal.signal(signal.SIGTERM, previous_term if previous_term is not None
+                          else signal.SIG_DFL)
+            if own_int:
+                signal.signal(signal.SIGINT, previous_int)
+
+
+def _deaf_to_signals() -> None:
+    """The command has ended: a Ctrl-C or SIGTERM now interrupts nothing. Ignored, so that
+    it cannot turn the result into exit 130, print a traceback, or kill the process while
+    the interpreter shuts down (Python puts SIGINT back to its default there: a SIGINT
+    just after the result ended the process with nothing said, exit -2, in about 1 run
+    in 30). An ignored signal stays ignored through the shutdown."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def interrupted_at_start(argv: Sequence[str]) -> int:
@@ -143,7 +167,8 @@ def _report(out: Output, exc: BaseException) -> int:
 def run() -> None:
     """The console entry point: one whole process (see ``engine.tune_collector``)."""
     tune_collector()
-    code = main()
+    code = main(whole_process=True)
+    _deaf_to_signals()  # also after a command that ended before it started (a usage error)
     try:
         with writing_stdout():
             sys.stdout.flush()

@@ -173,6 +173,14 @@ class ProviderConfig:
     def __attrs_post_init__(self) -> None:
         if not self.name.strip():
             raise ValueError("name must not be blank")
+        unused = ([k for k in ("base_url", "model", "api_key_env") if getattr(self, k)]
+                  if self.kind == "fixture" else ["path"] if self.path is not None else [])
+        if unused:
+            # Named, never echoed: a base_url may carry credentials. Accepted, a setting
+            # the kind does not read looked like it was in force (a path on openai).
+            raise ValueError(f"provider {self.name!r} of kind {self.kind!r} does not use "
+                             f"{', '.join(repr(k) for k in unused)}: remove it, or change "
+                             f"'kind'")
         if self.kind == "fixture" and not self.path:
             raise ValueError(f"provider {self.name!r} of kind 'fixture' needs 'path'")
         if self.kind != "fixture" and not (self.base_url and self.model):

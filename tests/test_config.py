@@ -58,6 +58,19 @@ BAD = {
                    # urlsplit accepts these, httpx does not (or sends them elsewhere):
                    "http://[::1]x/v1", "http://a b/v1", "http://h\\t/v1", "http://h:0/v1",
                    "http://xn--zz.example/v1", "http://h/v1\\u0000")},
+    # A setting the kind does not read was accepted and looked in force.
+    "path on openai": ('[[providers]]\nname = "a"\nkind = "openai"\nmodel = "m"\n'
+                       'base_url = "http://h/v1"\npath = "answers"\n',
+                       "of kind 'openai' does not use 'path'"),
+    "path on anthropic": ('[[providers]]\nname = "a"\nkind = "anthropic"\nmodel = "m"\n'
+                          'base_url = "http://h/v1"\npath = ""\n',
+                          "of kind 'anthropic' does not use 'path'"),
+    "base_url and model on fixture": ('[[providers]]\nname = "a"\nkind = "fixture"\n'
+                                      'path = "f"\nbase_url = "http://u:pw@h/v1"\n'
+                                      'model = "m"\n',
+                                      "does not use 'base_url', 'model'"),
+    "api_key_env on fixture": ('[[providers]]\nname = "a"\nkind = "fixture"\npath = "f"\n'
+                               'api_key_env = "K"\n', "does not use 'api_key_env'"),
 }
 
 
@@ -77,6 +90,9 @@ class TestRefusals:
         with pytest.raises(ConfigError) as info:
             _load(tmp_path, BAD["api key in file"][0])
         assert "sk-live-123" not in str(info.value)
+        with pytest.raises(ConfigError) as info:  # nor a base_url a kind does not use
+            _load(tmp_path, BAD["base_url and model on fixture"][0])
+        assert "pw" not in str(info.value) and "http" not in str(info.value)
 
     def test_missing_file(self, tmp_path: Path) -> None:
         """A named configuration file that does not exist is an error, not defaults."""

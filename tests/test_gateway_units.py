@@ -19,12 +19,14 @@ from engine import (
     InvalidAnswer,
     ProviderConfig,
     Redactor,
+    RetryPolicy,
     RoundStatus,
     backoff_delay,
+    due_delay,
     parse_contracted_json,
     retry_after_seconds,
 )
-from engine._gateway import classify_exception, classify_status
+from engine._gateway import classify_exception, classify_status, doubled
 from tests.gateway_helpers import FAST, request
 
 
@@ -72,6 +74,22 @@ class TestRetryAfter:
         """Backoff never exceeds min(max, base * 2**n) and is never negative."""
         d = backoff_delay(n, 0.5, 8.0, random.Random(seed))
         assert 0 <= d <= min(8.0, 0.5 * 2 ** n)
+
+    @given(st.integers(min_value=0, max_value=10**7),
+           st.floats(min_value=0.0, max_value=86400.0),
+           st.floats(min_value=0.0, max_value=86400.0))
+    def test_doubling_never_overflows(self, n: int, base: float, cap: float) -> None:
+        """min(cap, base * 2**n) for every n, also far past 1,024, where it raised
+        OverflowError (a round count the config allows reaches it); exact below that."""
+        base, cap = min(base, cap), max(base, cap)
+        d = doubled(base, cap, n)
+        assert 0.0 <= d <= cap and d == min(cap, base * 2 ** min(n, 1023))
+        assert 0.0 <= backoff_delay(n, base, cap, random.Random(n)) <= cap
+
+    @pytest.mark.parametrize("rounds", [1, 2, 1024, 1025, 10**6])
+    def test_the_round_delay_is_capped_at_any_round(self, rounds: int) -> None:
+        retry = RetryPolicy(max_rounds=10**6, base_delay_s=1e-6, max_delay_s=1e-6 * 4)
+        assert due_delay(rounds, retry) == (1e-6 * 2 ** (rounds - 1) if rounds < 3 else 4e-6)
 
 
 class TestClasses:

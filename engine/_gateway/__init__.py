@@ -20,6 +20,7 @@ from ._redact import Redactor as Redactor
 from ._redact import install_log_filter as install_log_filter
 from ._redact import remove_log_filter as remove_log_filter
 from ._retry import backoff_delay as backoff_delay
+from ._retry import doubled as doubled
 from ._retry import retry_after_seconds as retry_after_seconds
 from ._round import RoundOutcome as RoundOutcome
 from ._round import RoundRequest as RoundRequest

@@ -8,9 +8,16 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 
+def doubled(base_s: float, max_s: float, n: int) -> float:
+    """``min(max_s, base_s * 2**n)`` for any ``n >= 0``. Written as it reads, it raised
+    OverflowError from n = 1024 on (2**n does not fit a float), which a round count of
+    the config's range reaches: the case ended in internal_error, its status stuck."""
+    return float(min(max_s, base_s * 2.0 ** min(max(n, 0), 1023)))  # inf, at worst: capped
+
+
 def backoff_delay(retry_no: int, base_s: float, max_s: float, rng: random.Random) -> float:
     """Exponential backoff with full jitter: uniform in [0, min(max, base * 2**n)]."""
-    return rng.uniform(0.0, min(max_s, base_s * (2 ** retry_no)))
+    return rng.uniform(0.0, doubled(base_s, max_s, retry_no))
 
 
 def retry_after_seconds(headers: Mapping[str, str], now: datetime | None = None) -> float | None:

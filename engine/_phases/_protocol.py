@@ -35,6 +35,7 @@ import attrs
 
 from .._canonical import canonical_json, sha256_hex
 from .._config import RetryPolicy
+from .._gateway import doubled
 from .._store import CaseStatus, iso_utc
 
 ROUND_FILE = re.compile(
@@ -71,7 +72,7 @@ def attempt_hash(*, package_id: str, phase: str, revision: int, attempt_id: str,
 
 def due_delay(unavailable_rounds: int, retry: RetryPolicy) -> float:
     """After the k-th unavailable round: base_delay_s * 2**(k-1), capped at max_delay_s."""
-    return float(min(retry.max_delay_s, retry.base_delay_s * 2 ** (unavailable_rounds - 1)))
+    return doubled(retry.base_delay_s, retry.max_delay_s, unavailable_rounds - 1)
 
 
 @attrs.frozen

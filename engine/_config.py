@@ -81,6 +81,15 @@ def _env_name(_inst: Any, attribute: attrs.Attribute[Any], value: str | None) ->
                          "given is not shown, in case it is a key")
 
 
+def _location(_inst: Any, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    """A store's folder or database: not empty (it was taken as the default, silently)
+    and without NUL (no path or URL holds one; it failed deep in the first mkdir as an
+    internal error). Not echoed: a database URL may carry a password."""
+    if value is not None and (not value.strip() or "\x00" in value):
+        raise ValueError(f"{attribute.name} must name a folder or a database (it is empty "
+                         "or holds a NUL); leave it out to use the default")
+
+
 @attrs.frozen
 class HypothesisLimits:
     max_context_bytes: int = _bytes(1_048_576)
@@ -227,8 +236,8 @@ class GatewayConfig:
 class StoreConfig:
     """``[store]``: where the store lives. ``--store``/``VIANO_STORE`` override ``url``."""
 
-    url: str | None = None
-    blob_root: str | None = None
+    url: str | None = attrs.field(default=None, validator=_location)
+    blob_root: str | None = attrs.field(default=None, validator=_location)
     # Renewed every lease_s / 3, and a dead worker's cases wait lease_s: under 1 s the
     # renewals would flood the database, over a day a crash would stall its cases.
     lease_s: float = _number(30.0, 1, 86400)

@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
+import attrs
 import cattrs
 from cattrs.cols import (
     homogenous_tuple_structure_factory,
@@ -20,6 +21,7 @@ from cattrs.cols import (
     is_sequence,
     list_structure_factory,
 )
+from cattrs.gen import make_dict_structure_fn
 from cattrs.v import format_exception
 
 T = TypeVar("T")
@@ -40,7 +42,13 @@ def _exact(expected: type) -> Callable[[Any, Any], Any]:
     return hook
 
 
-_ARRAY_KINDS: dict[type, str] = {dict: "a table", str: "a string", bytes: "bytes"}
+_KINDS: dict[type, str] = {dict: "a table", list: "an array", tuple: "an array",
+                          str: "a string", bytes: "bytes", bool: "a boolean",
+                          int: "an integer", float: "a number", type(None): "null"}
+
+
+def _kind(value: Any) -> str:
+    return _KINDS.get(type(value), type(value).__name__)
 
 
 def _is_array(type_: Any) -> bool:
@@ -59,8 +67,20 @@ def _arrays_only(type_: Any, converter: cattrs.Converter) -> Callable[[Any, Any]
 
     def hook(value: Any, t: Any) -> Any:
         if type(value) not in (list, tuple):
-            got = _ARRAY_KINDS.get(type(value), type(value).__name__)
-            raise TypeError(f"expected an array, got {got}")
+            raise TypeError(f"expected an array, got {_kind(value)}")
+        return inner(value, t)
+
+    return hook
+
+
+def _tables_only(type_: Any, converter: cattrs.Converter) -> Callable[[Any, Any], Any]:
+    """An attrs class is structured from a table (a JSON object) only: given a number it
+    said "argument of type 'int' is not iterable", given a string "unknown error"."""
+    inner = make_dict_structure_fn(type_, converter)
+
+    def hook(value: Any, t: Any) -> Any:
+        if not isinstance(value, dict):
+            raise TypeError(f"expected a table, got {_kind(value)}")
         return inner(value, t)
 
     return hook
@@ -71,6 +91,7 @@ def make_strict_converter(*, forbid_extra_keys: bool = True) -> cattrs.Converter
     for scalar in (int, float, str, bool):
         converter.register_structure_hook(scalar, _exact(scalar))
     converter.register_structure_hook_factory(_is_array, _arrays_only)
+    converter.register_structure_hook_factory(attrs.has, _tables_only)
     return converter
 
 

@@ -369,18 +369,25 @@ class TestValuesNoBackendHolds:
 
 
 class TestSecondReview:
-    def test_a_damaged_status_row_still_lists_and_verify_names_it(self, tmp_path: Path
-                                                                  ) -> None:
-        """A status row no writer could have written (a control character in its reason)
-        never makes every read of the index refuse: the case lists, the others are due
-        as before, and verify names the row."""
+    # Status values no writer could have written: a control character in its reason, or
+    # a due time no timestamp can show (status said internal_error, verify said ok).
+    DAMAGE = (("reason", "imported\nx"), ("due_at", 1e308), ("due_at", -1e308),
+              ("due_at", 1e13), ("due_at", -1.0))
+
+    @pytest.mark.parametrize(("column", "value"), DAMAGE, ids=lambda v: repr(v))
+    def test_a_damaged_status_row_still_lists_and_verify_names_it(
+            self, tmp_path: Path, column: str, value: object) -> None:
+        """Such a row never makes every read of the index refuse: the case lists (also in
+        ``viano status``), the others are due as before, and verify names the row."""
         from engine import verify_store
+        from tests.conftest import run_viano
         from tests.store_helpers import sql
 
         store = open_rw(tmp_path / "s")
         store.commit_batch([create("R-1"), create("R-2")])
         store.close()
-        sql(tmp_path / "s", "UPDATE refs SET reason = ? WHERE case_id = 'R-1'", "imported\nx")
+        sql(tmp_path / "s", f"UPDATE refs SET {column} = ?, status = 'RETRY_PENDING' "
+                            "WHERE case_id = 'R-1'", value)
         check = open_ro(tmp_path / "s")
         try:
             assert [c.case_id for c in check.list_cases()] == ["R-1", "R-2"]
@@ -390,6 +397,12 @@ class TestSecondReview:
             assert "status row is damaged" in report.violations[0].what
         finally:
             check.close()
+        for args, shown in ((["status"], "R-1"), (["--json", "status"], "R-1"),
+                            (["status", "--summary"], "RETRY_PENDING")):
+            r = run_viano("--store", tmp_path / "s", *args)
+            assert r.returncode == 0 and shown in r.stdout, (args, r.stderr)
+        r = run_viano("--store", tmp_path / "s", "verify")
+        assert r.returncode == 1 and "R-1" in r.stdout + r.stderr, r.stderr
 
     def test_committing_alone_after_a_refused_value_never_loses_an_outcome(
             self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

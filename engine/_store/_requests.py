@@ -33,9 +33,14 @@ def _status_value(_inst: Any, _attr: Any, value: str) -> None:
         raise ChangeRejected(f"status {value!r} is not one of {', '.join(STATUSES)}")
 
 
+# The last second a UTC timestamp can show (9999-12-31T23:59:59Z): a due time past it
+# (or before 1970) is no time a writer sets, and could not be printed.
+MAX_DUE_AT = 253_402_300_799.0
+
+
 def _due(_inst: Any, _attr: Any, value: float | None) -> None:
-    if value is not None and (type(value) is not float or not math.isfinite(value)):
-        raise ChangeRejected(f"due_at {value!r} is not a finite POSIX time")
+    if value is not None and (type(value) is not float or not 0.0 <= value <= MAX_DUE_AT):
+        raise ChangeRejected(f"due_at {value!r} is not a POSIX time from 1970 to 9999")
 
 
 _MAX_INT = 2**62  # within a signed 64-bit column in every backend
@@ -93,6 +98,8 @@ class CaseStatus:
 def iso_utc(posix: float) -> str:
     """A due time to the second, rounded **up**: a person (or a cron job) acting at the time
     shown is never told the round is not due yet."""
+    if not 0.0 <= posix <= MAX_DUE_AT:  # a damaged index row: shown as it is, never raised
+        return f"(not a time: {posix!r})"
     return datetime.fromtimestamp(math.ceil(posix), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 

@@ -131,6 +131,35 @@ class TestInputsSwappedMidRead:
         check.close()
 
 
+@pytest.mark.sqlite_only  # SQLite's own file, edited behind the store's back
+class TestIndexTextThatIsNotUtf8:
+    """No writer stores text that is not UTF-8. In the schema it made every command an
+    internal_error (sqlite3 could not decode its own error message); in a row it was
+    store_unavailable with a hint about permissions and free space."""
+
+    @pytest.mark.parametrize("where", ["schema", "row"])
+    def test_every_command_says_store_corrupt(self, cli: Cli, sample: Path, store_dir: Path,
+                                              where: str) -> None:
+        assert cli("intake", "--store", store_dir, "--report", sample / "report.json").code == 0
+        if where == "schema":
+            import sqlite3
+
+            conn = sqlite3.connect(store_dir / "store.sqlite3")
+            conn.execute("PRAGMA writable_schema=ON")
+            conn.execute("UPDATE sqlite_master SET sql = CAST(('CREATE INDEX refs_due ON "
+                         "refs (status, due_at) ' || x'cc') AS TEXT) WHERE name = 'refs_due'")
+            conn.commit()
+            conn.close()
+        else:
+            sql(store_dir, "UPDATE refs SET reason = CAST(x'cc' AS TEXT)")
+        for args in (["verify"], ["status"], ["show", "BUG-20"], ["log", "BUG-20"]):
+            r = cli(*args, "--json", "--store", store_dir)
+            assert r.code == 1, (args, r.out, r.err)
+            error = r.json["error"]  # type: ignore[index]
+            assert error["reason"] == "store_corrupt", (args, error)
+            assert "disk is not full" not in error["hint"], error
+
+
 class TestBlobFilesThatAreNotFiles:
     @pytest.mark.parametrize("kind", ["directory", "fifo", "symlink loop", "dangling symlink"])
     def test_verify_cat_and_export_refuse(self, cli: Cli, tmp_path: Path, store_dir: Path,

@@ -255,9 +255,25 @@ def _read_only(exc: sqlite3.Error) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and "readonly database" in str(exc)
 
 
-def _reason(exc: sqlite3.Error) -> str:
-    """OperationalError: locked, read-only, disk full, I/O; the rest: a damaged file."""
+def _reason(exc: sqlite3.Error | UnicodeDecodeError) -> str:
+    """OperationalError: locked, read-only, disk full, I/O; the rest: a damaged file. Text
+    that is not UTF-8 (in a row, or in the schema, whose error message sqlite3 then cannot
+    decode) is damage too: no writer stores it."""
+    if isinstance(exc, UnicodeDecodeError) or "Could not decode to UTF-8" in str(exc):
+        return "store_corrupt"
     return "store_unavailable" if isinstance(exc, sqlite3.OperationalError) else "store_corrupt"
+
+
+_CORRUPT_HINT = ("The store's index is damaged: restore store.sqlite3 from a backup, or "
+                 "import the cases' exports into a new store.")
+_UNAVAILABLE_HINT = ("Check that the store path is writable and the disk is not full, then "
+                     "run 'viano verify'.")
+
+
+def _said(exc: sqlite3.Error | UnicodeDecodeError) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        return f"the index holds text that is not UTF-8 ({exc.reason} at byte {exc.start})"
+    return str(exc)
 
 
 def _reader(path: Path, immutable: bool) -> sqlite3.Connection:
@@ -279,8 +295,12 @@ def _reader(path: Path, immutable: bool) -> sqlite3.Connection:
 def connect_reader(path: Path, *, immutable: bool) -> sqlite3.Connection:
     try:
         return _reader(path, immutable)
-    except sqlite3.Error as exc:
-        raise StorageError(f"cannot read {path}: {exc}", reason=_reason(exc)) from exc
+    except (sqlite3.Error, UnicodeDecodeError) as exc:
+        reason = _reason(exc)
+        raise StorageError(f"cannot read {path}: {_said(exc)}", reason=reason,
+                           hint=_CORRUPT_HINT if reason == "store_corrupt" else
+                           "Check the store's permissions, then run the command again."
+                           ) from exc
 
 
 def probe(db: Path) -> tuple[sqlite3.Connection, bool]:
@@ -299,6 +319,9 @@ def probe(db: Path) -> tuple[sqlite3.Connection, bool]:
     except sqlite3.DatabaseError as exc:
         raise StorageError(f"{db} is not a SQLite database ({exc})", reason="store_corrupt",
                            hint="Restore store.sqlite3 from a backup.") from exc
+    except UnicodeDecodeError as exc:  # a schema whose text is not UTF-8
+        raise StorageError(f"cannot read {db}: {_said(exc)}", reason="store_corrupt",
+                           hint=_CORRUPT_HINT) from exc
 
 
 @contextmanager
@@ -310,12 +333,13 @@ def translate(doing: str, *, write: bool = False) -> Iterator[None]:
         yield
     except VianoError:
         raise
-    except sqlite3.DatabaseError as exc:
-        if write and _read_only(exc):
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
+        if write and isinstance(exc, sqlite3.DatabaseError) and _read_only(exc):
             raise read_only(doing, exc) from exc
-        raise StorageError(f"could not {doing}: {exc}", reason=_reason(exc),
-                           hint="Check that the store path is writable and the disk is not "
-                                "full, then run 'viano verify'.") from exc
+        reason = _reason(exc)
+        raise StorageError(f"could not {doing}: {_said(exc)}", reason=reason,
+                           hint=_CORRUPT_HINT if reason == "store_corrupt"
+                           else _UNAVAILABLE_HINT) from exc
     except OSError as exc:
         if write and exc.errno in NOT_YOURS_TO_WRITE:
             raise read_only(doing, exc) from exc

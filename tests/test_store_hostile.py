@@ -160,6 +160,37 @@ class TestIndexTextThatIsNotUtf8:
             assert "disk is not full" not in error["hint"], error
 
 
+@pytest.mark.sqlite_only  # SQLite's own schema, edited behind the store's back
+class TestIndexRowsOfTheWrongType:
+    """A flipped bit can change a column's type (text to NULL, an integer or a blob):
+    verify compared such an id with text and died with internal_error. It is a
+    violation now, named as well as it can be, and the other cases are still checked."""
+
+    @pytest.mark.parametrize(("table", "column"), [("generations", "package_id"),
+                                                   ("refs", "package_id"),
+                                                   ("refs", "case_id")])
+    @pytest.mark.parametrize("value", [None, 7, b"\x00"], ids=["null", "integer", "blob"])
+    def test_verify_reports_it(self, cli: Cli, tmp_path: Path, store_dir: Path, table: str,
+                               column: str, value: object) -> None:
+        import sqlite3
+
+        for case in ("W-1", "W-2"):
+            r = cli("intake", "--store", store_dir, "--report", _report(tmp_path),
+                    "--case-id", case)
+            assert r.code == 0, r.err
+        conn = sqlite3.connect(store_dir / "store.sqlite3")
+        conn.execute("PRAGMA writable_schema=ON")
+        conn.execute("UPDATE sqlite_master SET sql = replace(replace(sql, 'TEXT NOT NULL', "
+                     "'ANY'), 'STRICT', '') WHERE name = ?", (table,))
+        conn.commit()
+        conn.close()
+        sql(store_dir, f"UPDATE {table} SET {column} = ? WHERE rowid = (SELECT MIN(rowid) "
+                       f"FROM {table})", value)
+        r = cli("verify", "--json", "--store", store_dir)
+        assert r.code == 1, (r.out, r.err)
+        assert r.json["violations"], r.json  # type: ignore[index]
+
+
 class TestBlobFilesThatAreNotFiles:
     @pytest.mark.parametrize("kind", ["directory", "fifo", "symlink loop", "dangling symlink"])
     def test_verify_cat_and_export_refuse(self, cli: Cli, tmp_path: Path, store_dir: Path,

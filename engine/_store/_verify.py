@@ -97,9 +97,17 @@ def _verify(store: Store, case_ids: Iterable[str] | None,
         raise StorageError(f"{store.location}: {'; '.join(problems)}", reason="store_corrupt",
                            hint=f"{store.repair_hint}; verify and gc refuse to judge blobs "
                                 "by an index that does not fit them.")
-    refs = {r.package_id: r for r in store.list_cases()}
-    wanted = set(case_ids) if case_ids is not None else None
     violations: list[Violation] = []
+    refs: dict[str, CaseRef] = {}
+    for r in store.list_cases():
+        # A damaged row (a flipped bit can change a column's type) is named, not sorted
+        # beside the others: comparing None or bytes with text failed as internal_error.
+        if type(r.package_id) is str and type(r.case_id) is str:
+            refs[r.package_id] = r
+        else:
+            violations.append(Violation(_shown(r.case_id), f"a ref row is damaged: package "
+                                        f"id {r.package_id!r}, case id {r.case_id!r}"))
+    wanted = set(case_ids) if case_ids is not None else None
     for row in refs.values():
         problem = None if row.status is None else status_problem(row.status)
         if problem and (wanted is None or row.case_id in wanted):
@@ -109,6 +117,9 @@ def _verify(store: Store, case_ids: Iterable[str] | None,
         known = {r.case_id for r in refs.values()}
         violations += [Violation(c, "no such case") for c in sorted(wanted - known)]
     counts = store.generation_counts()
+    for pkg in [k for k in counts if type(k) is not str]:
+        violations.append(Violation(f"(package {pkg!r})", f"{counts.pop(pkg)} generation "
+                                    "rows have a damaged package id"))
     packages = sorted(counts)
     for pkg in sorted(set(refs) - set(packages)):
         violations.append(Violation(refs[pkg].case_id, f"ref names package {pkg} which has "
@@ -152,6 +163,10 @@ def _verify(store: Store, case_ids: Iterable[str] | None,
     orphans = sum(1 for sha, _ in store.blob_files.iter_files() if sha not in referenced)
     temporary = sum(1 for _ in store.blob_files.iter_tmp())
     return VerifyReport(n_cases, n_gens, len(needed), orphans, temporary, tuple(violations))
+
+
+def _shown(case_id: object) -> str:
+    return case_id if type(case_id) is str else f"(damaged case id {case_id!r})"
 
 
 def _stored_references(store: Store, pkg: str) -> set[str]:

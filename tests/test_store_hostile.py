@@ -191,6 +191,61 @@ class TestIndexRowsOfTheWrongType:
         assert r.json["violations"], r.json  # type: ignore[index]
 
 
+def test_a_folder_named_like_a_blob_is_no_orphan_and_gc_leaves_it(
+        cli: Cli, tmp_path: Path, store_dir: Path) -> None:
+    """Viano writes no folder among the blobs: verify counted one as an orphan blob file,
+    and gc, after removing the real orphans before it, failed on it with
+    store_unavailable "could not lock the store"."""
+    import hashlib
+
+    sha = _big_case(cli, tmp_path, store_dir)
+    blobs = store_dir / "blobs" / "sha256"
+    folder_sha = hashlib.sha256(b"a folder").hexdigest()
+    orphan_sha = hashlib.sha256(b"an orphan").hexdigest()
+    (blobs / folder_sha[:2] / folder_sha).mkdir(parents=True)
+    (blobs / orphan_sha[:2]).mkdir(exist_ok=True)
+    (blobs / orphan_sha[:2] / orphan_sha).write_bytes(b"an orphan")
+    r = cli("verify", "--json", "--store", store_dir)
+    assert r.code == 0 and r.json["orphan_blob_files"] == 1, r.out  # type: ignore[index]
+    r = cli("gc", "--json", "--min-age", "0", "--store", store_dir)
+    assert r.code == 0, r.err
+    assert r.json["removed_files"] == 1, r.json  # type: ignore[index]
+    assert (blobs / folder_sha[:2] / folder_sha).is_dir()
+    assert not (blobs / orphan_sha[:2] / orphan_sha).exists()
+    assert (blobs / sha[:2] / sha).is_file()
+    assert cli("verify", "--store", store_dir).code == 0
+
+
+def test_an_orphan_gc_may_not_remove_is_named_as_such(
+        cli: Cli, tmp_path: Path, store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not "could not lock the store" (the lock gc holds meanwhile)."""
+    import errno
+    import hashlib
+
+    from engine import collect_garbage
+
+    _big_case(cli, tmp_path, store_dir)
+    orphan_sha = hashlib.sha256(b"an orphan").hexdigest()
+    orphan = store_dir / "blobs" / "sha256" / orphan_sha[:2] / orphan_sha
+    orphan.parent.mkdir(exist_ok=True)
+    orphan.write_bytes(b"an orphan")
+
+    def refused(self: Path, missing_ok: bool = False) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied", str(self))
+
+    store = open_rw(store_dir)
+    try:
+        monkeypatch.setattr(Path, "unlink", refused)
+        with pytest.raises(StorageError) as info:
+            collect_garbage(store, min_age_s=0)
+    finally:
+        monkeypatch.undo()
+        store.close()
+    assert info.value.reason == "store_read_only", info.value.message
+    assert f"could not remove the orphan blob file {orphan}" in info.value.message
+    assert orphan.exists()
+
+
 class TestBlobFilesThatAreNotFiles:
     @pytest.mark.parametrize("kind", ["directory", "fifo", "symlink loop", "dangling symlink"])
     def test_verify_cat_and_export_refuse(self, cli: Cli, tmp_path: Path, store_dir: Path,

@@ -24,6 +24,7 @@ that publication's commit, whatever gc does, in any order, in any process.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import io
@@ -39,6 +40,10 @@ from typing import Any, BinaryIO
 from .._errors import InputRejected, StorageError
 from ._crash import crash_point
 from ._sources import CHUNK, BlobSource
+
+# What the OS says of a store file or folder that this user may not write (or a read-only
+# file system): the store is read-only to this command, not unavailable.
+NOT_YOURS_TO_WRITE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 
 _HEX = re.compile(r"[0-9a-f]{64}")
 
@@ -157,15 +162,19 @@ class BlobFiles:
             raise
 
     def iter_files(self) -> Iterator[tuple[str, Path]]:
-        """Every blob file (name checked), in a stable order."""
+        """Every blob file (name checked), in a stable order. A folder named like a blob is
+        none (Viano writes no folder there): counted as an orphan file, gc failed on it
+        after removing the orphans before it, as "could not lock the store"."""
         if not self.dir.is_dir():
             return
         for sub in sorted(self.dir.iterdir()):
             if not sub.is_dir():
                 continue
-            for path in sorted(sub.iterdir()):
-                if _HEX.fullmatch(path.name):
-                    yield path.name, path
+            with os.scandir(sub) as entries:  # the entry's type comes with its name
+                names = sorted(e.name for e in entries
+                               if _HEX.fullmatch(e.name) and not e.is_dir(follow_symlinks=False))
+            for name in names:
+                yield name, sub / name
 
     def iter_tmp(self) -> Iterator[Path]:
         if self.tmp.is_dir():

@@ -17,6 +17,7 @@ import time
 import attrs
 
 from .._errors import StorageError
+from ._blobs import NOT_YOURS_TO_WRITE
 from ._crash import crash_point
 from ._protocol import Store
 
@@ -53,7 +54,16 @@ def collect_garbage(store: Store, *, min_age_s: float = 600.0) -> GcReport:
                 young += 1
                 continue
             crash_point("gc.before_unlink")
-            path.unlink(missing_ok=True)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:  # its own reason, not the lock's it is taken under
+                raise StorageError(f"could not remove the orphan blob file {path}: "
+                                   f"{exc.strerror or exc}",
+                                   reason="store_read_only" if exc.errno in NOT_YOURS_TO_WRITE
+                                   else "store_unavailable",
+                                   hint="Check the blob folder's permissions; what gc "
+                                        "removed before it stays removed (it was unreferenced)."
+                                   ) from exc
             removed += 1
             removed_bytes += st.st_size
         for path in store.blob_files.iter_tmp():

@@ -4,7 +4,6 @@ sqlite3 and OS errors at the storage boundary (see ``_sqlite`` for the store its
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import logging
 import os
@@ -16,7 +15,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from .._errors import NotAStore, NotFound, StorageError, VianoError
-from ._blobs import fsync_dir
+from ._blobs import NOT_YOURS_TO_WRITE, fsync_dir
 from ._crash import crash_point
 from ._sources import read_text_file
 from ._sqlite_schema import CURRENT_VERSION, create_current, migrate, parse_version
@@ -348,9 +347,6 @@ def translate(doing: str, *, write: bool = False) -> Iterator[None]:
                                 "full, then run the command again.") from exc
 
 
-# What the OS says of a store file or folder that this user may not write (or a read-only
-# file system): the store is read-only to this command, not unavailable.
-NOT_YOURS_TO_WRITE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 
 
 def read_only(doing: str, exc: BaseException) -> StorageError:

@@ -280,6 +280,23 @@ class TestTheSameQuestionTheSameAnswer:
         assert "bob" not in again["operation"]
 
 
+    @pytest.mark.parametrize("by", ["", "   ", "\u200b", "a\x1b[31mb", "x" * 5000])
+    def test_a_bad_name_is_refused_also_where_nothing_would_change(
+            self, cli: Cli, sample: Path, tmp_path: Path, by: str) -> None:
+        """An empty --by was taken as none (the login was recorded), and on a case
+        confirmed already a bad one was never checked (exit 0)."""
+        store, cfg = tmp_path / "s", _fixture_config(tmp_path, sample)
+        _intake(cli, store, sample)
+        assert cli("interpret", "BUG-20", "--store", store, "--config", cfg).code == 0
+        for confirmed in (False, True):
+            before = snapshot(store)
+            r = cli("confirm", "BUG-20", "--by", by, "--store", store, "--json")
+            assert r.code == 2, (confirmed, r.out)
+            assert r.json["error"]["reason"] == "usage_error", r.out  # type: ignore[index]
+            assert snapshot(store) == before
+            if not confirmed:
+                assert cli("confirm", "BUG-20", "--by", "qa", "--store", store).code == 0
+
     @pytest.mark.parametrize("by", ["policy:auto_confirm", "Policy:anything", " policy:x",
                                     "\u2063policy:auto_confirm", "\u200bpolicy:x",
                                     "\uff50olicy:auto_confirm"])

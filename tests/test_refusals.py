@@ -298,6 +298,7 @@ def test_a_text_argument_that_is_not_utf8_is_a_usage_error(
     assert r.code == 2, r.err
     error = r.json["error"]  # type: ignore[index]
     assert error["reason"] == "usage_error" and "not UTF-8" in error["message"], error
+    assert "\\udcff" in error["message"] and "\\\\udcff" not in error["message"], error
     assert snapshot(store) == before
 
 

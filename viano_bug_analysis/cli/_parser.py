@@ -103,7 +103,7 @@ def _text(text: str) -> str:
     that are not UTF-8, which Python holds as lone surrogates)."""
     if not is_utf8(text):
         shown = text.encode("utf-8", "backslashreplace").decode("utf-8")
-        raise argparse.ArgumentTypeError(f"{shown!r} is not UTF-8 text")
+        raise argparse.ArgumentTypeError(f"'{shown}' is not UTF-8 text")  # as it shows, once
     return text
 
 

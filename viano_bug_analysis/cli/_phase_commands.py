@@ -37,6 +37,7 @@ from engine import (
     UsageError,
     confirm_change,
     interpretation_paths,
+    person,
     reopen_change,
     terminal_safe,
     unblock_change,
@@ -156,8 +157,10 @@ def _who(args: argparse.Namespace) -> str:
     """Who a person's operation is recorded as. ``policy:`` names are the engine's own (an
     auto-confirmation is recorded as ``policy:auto_confirm``): a person may not take one,
     or the audit would say a policy did what a person did."""
-    if getattr(args, "by", None):
-        by = str(args.by)
+    if getattr(args, "by", None) is not None:
+        # Checked before anything is read: an empty --by was taken as no --by (the login
+        # was recorded), and on a case confirmed already a bad one was never checked.
+        by = person(str(args.by))
         # As it reads: compatibility forms folded (a fullwidth letter), and what shows as
         # nothing (format characters: a zero-width space, an invisible separator) dropped.
         seen = "".join(c for c in unicodedata.normalize("NFKC", by)

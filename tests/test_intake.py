@@ -92,6 +92,20 @@ class TestReportsAndAttachments:
             "origin": {"input": "inputs/bug.txt"}, "sha256": digest,
             "size": report.stat().st_size, "media_type": "text/plain"}]
 
+    def test_a_line_that_shows_nothing_is_not_the_title(self, cli: Cli, tmp_path: Path,
+                                                         store_dir: Path) -> None:
+        """A first line of a no-break and a zero-width space was taken as the title."""
+        report = tmp_path / "bug.txt"
+        report.write_text("\u00a0\u200b\n\u2063\nCrash on save\nIt crashes.\n",
+                          encoding="utf-8")
+        r = cli("intake", "--json", "--store", store_dir, "--report", report)
+        assert r.code == 0, r.err
+        assert r.json["title"] == "Crash on save", r.json  # type: ignore[index]
+        only = tmp_path / "blank.txt"
+        only.write_text("\u00a0\u200b\n\u2063\n", encoding="utf-8")
+        r = cli("intake", "--json", "--store", store_dir, "--report", only)
+        assert r.code == 2, r.out
+
     def test_plain_and_tar_attachments(self, cli: Cli, tmp_path: Path, store_dir: Path) -> None:
         """Plain files are one source; tar.gz in a diagnostics role is catalogued by member;
         an archive in the attachment role stays one opaque source."""

@@ -121,7 +121,9 @@ def parse_native(data: Any, label: str) -> Report:
 
 
 def parse_text(text: str, label: str) -> Report:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # Blank as a reader sees it: a line of only a no-break and a zero-width space was the
+    # title, which showed as nothing.
+    lines = [ln.strip() for ln in text.splitlines() if not is_blank(ln)]
     if not lines:
         raise ReportRejected(f"{label}: the report is empty")
     return Report(format="text", title=lines[0],

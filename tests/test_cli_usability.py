@@ -161,16 +161,26 @@ class TestMistakesAreRefused:
         assert r.json["error"]["reason"] == "destination_in_store", r.out  # type: ignore[index]
         assert snapshot(store) == before
 
-    def test_a_store_that_is_a_dangling_link_is_refused_by_name(
-            self, cli: Cli, sample: Path, tmp_path: Path) -> None:
-        """--store naming a symbolic link to nothing: exit 2 saying so, nothing created
-        (it was store_unavailable, exit 1, "File exists")."""
+    @pytest.mark.parametrize("link_to", ["nowhere", "loop"])
+    @pytest.mark.parametrize("under", ["", "sub"])
+    @pytest.mark.parametrize("command", ["intake", "status"])
+    def test_a_store_that_is_or_is_under_a_broken_link_is_refused_by_name(
+            self, cli: Cli, sample: Path, tmp_path: Path, link_to: str, under: str,
+            command: str) -> None:
+        """--store naming a symbolic link to nothing, or a link that loops, or a folder
+        under one: exit 2 saying so, nothing created. It was store_unavailable "File
+        exists" (a dangling link above), internal_error (a loop above), or "does not
+        exist" (a loop)."""
         link = tmp_path / "store"
-        link.symlink_to(tmp_path / "nowhere")
-        r = cli("intake", "--json", "--store", link, "--report", sample / "report.json")
+        link.symlink_to(tmp_path / "nowhere" if link_to == "nowhere" else link)
+        store = link / under if under else link
+        args = ["--report", str(sample / "report.json")] if command == "intake" else []
+        r = cli(command, "--json", "--store", store, *args)
         assert r.code == 2, r.out
         error = r.json["error"]  # type: ignore[index]
-        assert error["reason"] == "not_a_store" and "does not exist" in error["message"]
+        assert error["reason"] == "not_a_store", error
+        assert ("does not exist" if link_to == "nowhere" else "loops") in error["message"]
+        assert (f"is in {link}" in error["message"]) == bool(under), error
         assert not (tmp_path / "nowhere").exists() and link.is_symlink()
 
     @pytest.mark.parametrize("inner", ["blobs", "inner", "locks/x", "blobs/tmp/x"])

@@ -4,6 +4,7 @@ sqlite3 and OS errors at the storage boundary (see ``_sqlite`` for the store its
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -38,10 +39,7 @@ def check_folder(root: Path, write: bool) -> bool:
     store. Creates nothing."""
     if root.exists() and not root.is_dir():
         raise NotAStore(f"--store {root} is a file, not a store folder")
-    if root.is_symlink() and not root.exists():
-        raise NotAStore(f"--store {root} is a symbolic link to {os.readlink(root)}, which "
-                        "does not exist",
-                        hint="Create the folder it names, or pass --store the folder itself.")
+    _no_broken_links(root)
     db = root / DB_NAME
     if db.exists() or db.is_symlink():
         if not db.is_file():
@@ -70,12 +68,37 @@ def check_folder(root: Path, write: bool) -> bool:
     return False
 
 
+def _no_broken_links(root: Path) -> None:
+    """``root``, or a folder it is in, is a symbolic link that leads nowhere: named, as
+    a refusal. A dangling one above the store said "File exists" (from mkdir), a loop
+    above it was an internal error (pathlib's RuntimeError), a loop as the store "does
+    not exist"."""
+    for path in (root, *root.parents):
+        if not path.is_symlink():
+            continue
+        try:
+            os.stat(path)
+        except OSError as exc:
+            what = (f"--store {root} is" if path == root else
+                    f"--store {root} is in {path}, which is")
+            if exc.errno == errno.ELOOP:
+                raise NotAStore(f"{what} a symbolic link that loops (it leads back to "
+                                "itself)", hint="Point the link at a folder, or pass "
+                                "--store a folder that is not under it.") from exc
+            raise NotAStore(f"{what} a symbolic link to {os.readlink(path)}, which does "
+                            "not exist", hint="Create the folder it names, or pass --store "
+                            "the folder itself.") from exc
+
+
 def enclosing_store(path: Path) -> Path | None:
     """The Viano store folder (this one or any other: two of a ``store-id``, a
     ``store.sqlite3`` and a ``blobs`` folder) that ``path`` is in, if any. A file written
     there (an export with ``--force``, an event log, a new store) could replace a store's
     database or one of its files, or be taken for one of them."""
-    target = path.resolve(strict=False)
+    try:
+        target = path.resolve(strict=False)
+    except (RuntimeError, OSError):  # a link loop (RuntimeError until Python 3.13): no
+        return None                  # file can be written there either
     for folder in (target, *target.parents):
         marks = ((folder / ID_NAME).is_file(), (folder / DB_NAME).exists(),
                  (folder / "blobs").is_dir())

@@ -55,8 +55,8 @@ class OutputUnwritable(VianoError):
     ``internal_error``."""
 
     default_reason = "output_unwritable"
-    default_hint = ("Free space where standard output goes, or send it elsewhere; what the "
-                    "command wrote to the store is kept ('viano status' shows it).")
+    default_hint = ("Free space where standard output goes, or send it elsewhere; anything "
+                    "the command wrote to the store is kept ('viano status' shows it).")
 
     @classmethod
     def of(cls, exc: OSError) -> OutputUnwritable:

@@ -234,8 +234,12 @@ run()
         by an embedding program (here in its main thread) leaves its handlers as they
         were, ignoring nothing."""
         import signal
+        import threading
 
         from viano_bug_analysis.cli import main
+
+        # Off the main thread main() sets no handlers at all: the test would prove nothing.
+        assert threading.current_thread() is threading.main_thread()
 
         before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         report = tmp_path / "r.txt"

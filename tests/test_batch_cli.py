@@ -93,19 +93,20 @@ class _Process:
     so a test waits on lines, never on the clock)."""
 
     def __init__(self, *args: str | Path, env: dict[str, str],
-                 stdout: IO[str] | int = subprocess.PIPE):
+                 stdout: IO[str] | int = subprocess.PIPE,
+                 stderr: IO[str] | int = subprocess.PIPE):
         self.proc = subprocess.Popen(
             [*VIANO,
-             *[str(a) for a in args]], stdout=stdout, stderr=subprocess.PIPE,
+             *[str(a) for a in args]], stdout=stdout, stderr=stderr,
             text=True, env=env, cwd=REPO)
         _CHILDREN.append(self.proc)
         self.queues: dict[str, queue.Queue[str | None]] = {"out": queue.Queue(),
                                                             "err": queue.Queue()}
         self.seen: list[str] = []
         self.errors: list[str] = []
-        if self.proc.stdout is None:  # stdout went elsewhere: nothing to read on it
-            self.queues["out"].put(None)
-        assert self.proc.stderr is not None
+        for name, pipe in (("out", self.proc.stdout), ("err", self.proc.stderr)):
+            if pipe is None:  # it went elsewhere: nothing to read on it
+                self.queues[name].put(None)
         for name, stream in (("out", self.proc.stdout), ("err", self.proc.stderr)):
             if stream is not None:
                 threading.Thread(target=self._pump, args=(stream, self.queues[name]),
@@ -540,6 +541,27 @@ def test_a_daemon_whose_stdout_is_full_goes_on_and_fails_when_stopped(
     assert "Traceback" not in err and "internal_error" not in err, err
     assert _completed_in(store) == set(ids)
     _one_batch_each(store, ids)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_daemon_whose_stderr_is_full_goes_on(tmp_path: Path, answers: Path) -> None:
+    """``viano daemon 2>/dev/full`` (or ``>>log 2>&1`` on a full disk): its first note
+    ended it with internal_error before any case ran. Notes are lost, the work is not."""
+    provider = Provider(tmp_path, answers)
+    try:
+        store = tmp_path / "s"
+        ids = [f"DE-{i}" for i in range(6)]
+        trio.run(_intake, store, tmp_path, ids)
+        with open("/dev/full", "w") as full:
+            proc = _Process("daemon", "--store", store, "--concurrency", "2",
+                            env=_env(_config(tmp_path, provider.port)), stderr=full)
+        proc.until(lambda seen: _completed(seen) >= set(ids))
+        proc.proc.send_signal(signal.SIGTERM)
+        rc, _err = proc.finish(timeout=30)
+    finally:
+        provider.stop()
+    assert rc == 0
+    assert _completed_in(store) == set(ids)
 
 
 class TestDaemonEndings:

@@ -75,16 +75,20 @@ class TestRetryAfter:
         d = backoff_delay(n, 0.5, 8.0, random.Random(seed))
         assert 0 <= d <= min(8.0, 0.5 * 2 ** n)
 
-    @given(st.integers(min_value=0, max_value=10**7),
+    @given(st.integers(min_value=0, max_value=5000),
            st.floats(min_value=0.0, max_value=86400.0),
            st.floats(min_value=0.0, max_value=86400.0))
     def test_doubling_never_overflows(self, n: int, base: float, cap: float) -> None:
-        """min(cap, base * 2**n) for every n, also far past 1,024, where it raised
-        OverflowError (a round count the config allows reaches it); exact below that."""
+        """Exactly min(cap, base * 2**n) for every n, also past 1,024, where it raised
+        OverflowError (a round count the config allows reaches it), and for a subnormal
+        base, which a clamped exponent got wrong."""
+        from fractions import Fraction
+
         base, cap = min(base, cap), max(base, cap)
         d = doubled(base, cap, n)
-        assert 0.0 <= d <= cap and d == min(cap, base * 2 ** min(n, 1023))
+        assert Fraction(d) == min(Fraction(cap), Fraction(base) * 2 ** n)
         assert 0.0 <= backoff_delay(n, base, cap, random.Random(n)) <= cap
+        assert doubled(5e-324, 1.0, 1100) == 1.0 and doubled(1.0, 2.0, 10**9) == 2.0
 
     @pytest.mark.parametrize("rounds", [1, 2, 1024, 1025, 10**6])
     def test_the_round_delay_is_capped_at_any_round(self, rounds: int) -> None:

@@ -82,6 +82,10 @@ TABLE: dict[str, tuple[PhaseState, type, str | None]] = {
                                     last_round=_due(NOW + 10)), Finish, "not_due"),
     "unavailable, due": (_state(rounds=(_round(1, "unavailable"),), last_round=_due(NOW - 1)),
                          RunRound, None),
+    # A due time no writer sets (a crafted import) held the case DEFERRED for ever.
+    **{f"unavailable, due at {at!r}": (_state(rounds=(_round(1, "unavailable"),),
+                                              last_round=_due(at)), RunRound, None)
+       for at in (1e300, float("inf"), -5.0)},
     "rounds exhausted": (_state(rounds=tuple(_round(i, "unavailable") for i in (1, 2, 3)),
                                 last_round={"retry": {"blocked": True}}),
                          Finish, "rounds_exhausted"),

@@ -372,13 +372,15 @@ class TestSecondReview:
     # Status values no writer could have written: a control character in its reason, or
     # a due time no timestamp can show (status said internal_error, verify said ok).
     DAMAGE = (("reason", "imported\nx"), ("due_at", 1e308), ("due_at", -1e308),
-              ("due_at", 1e13), ("due_at", -1.0))
+              ("due_at", 1e13), ("due_at", -1.0), ("due_at", "abc"), ("due_at", b"\x00"))
 
     @pytest.mark.parametrize(("column", "value"), DAMAGE, ids=lambda v: repr(v))
     def test_a_damaged_status_row_still_lists_and_verify_names_it(
-            self, tmp_path: Path, column: str, value: object) -> None:
+            self, tmp_path: Path, column: str, value: object, backend: str) -> None:
         """Such a row never makes every read of the index refuse: the case lists (also in
         ``viano status``), the others are due as before, and verify names the row."""
+        if backend == "postgresql" and column == "due_at" and type(value) is not float:
+            pytest.skip("a PostgreSQL double precision column holds no text or bytes")
         from engine import verify_store
         from tests.conftest import run_viano
         from tests.store_helpers import sql

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -12,7 +13,10 @@ def doubled(base_s: float, max_s: float, n: int) -> float:
     """``min(max_s, base_s * 2**n)`` for any ``n >= 0``. Written as it reads, it raised
     OverflowError from n = 1024 on (2**n does not fit a float), which a round count of
     the config's range reaches: the case ended in internal_error, its status stuck."""
-    return float(min(max_s, base_s * 2.0 ** min(max(n, 0), 1023)))  # inf, at worst: capped
+    try:
+        return float(min(max_s, math.ldexp(base_s, max(n, 0))))
+    except OverflowError:  # past the largest float: past any cap
+        return float(max_s)
 
 
 def backoff_delay(retry_no: int, base_s: float, max_s: float, rng: random.Random) -> float:

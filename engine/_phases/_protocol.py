@@ -36,7 +36,7 @@ import attrs
 from .._canonical import canonical_json, sha256_hex
 from .._config import RetryPolicy
 from .._gateway import doubled
-from .._store import CaseStatus, iso_utc
+from .._store import MAX_DUE_AT, CaseStatus, iso_utc
 
 ROUND_FILE = re.compile(
     r"rounds/(\d{4})-(\d{4})\.(answer|unavailable|configuration|invalid)\.json")
@@ -269,10 +269,12 @@ def decide(state: PhaseState, request: DispatchRequest, now: float) -> Step:
 
 
 def _due(doc: Mapping[str, Any]) -> float | None:
+    """The due time a round document records, if it is one a writer sets (1970 to 9999):
+    a crafted one (1e300, from an import) held the case DEFERRED for ever, and made
+    ``batch --wait`` sleep until then. Anything else is no due time: the round is due."""
     retry = doc.get("retry")
-    if isinstance(retry, dict) and isinstance(retry.get("due_at_posix"), float):
-        return float(retry["due_at_posix"])
-    return None
+    due = retry.get("due_at_posix") if isinstance(retry, dict) else None
+    return due if type(due) is float and 0.0 <= due <= MAX_DUE_AT else None
 
 
 def exhausted_by(limit: int, rounds: Sequence[RoundInfo]) -> bool:

@@ -28,6 +28,7 @@ from ._protocol import CaseRef as CaseRef
 from ._protocol import Store as Store
 from ._protocol import StoreStats as StoreStats
 from ._protocol import whole_history as whole_history
+from ._requests import MAX_DUE_AT as MAX_DUE_AT
 from ._requests import STATUSES as STATUSES
 from ._requests import CaseStatus as CaseStatus
 from ._requests import ImportRequest as ImportRequest

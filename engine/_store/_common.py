@@ -293,10 +293,16 @@ def head_from_row(row: Sequence[Any]) -> Head:
     return Head(row[0], row[2], _row_status(row))
 
 
+def _number(value: Any) -> Any:
+    """A due time as a float; anything else (a damaged row: text, a blob) kept as it is, for
+    ``status_problem`` to name (float() of it failed every read as internal_error)."""
+    return float(value) if type(value) in (int, float) else value
+
+
 def _row_status(row: Sequence[Any]) -> CaseStatus | None:
     if len(row) > 6 and row[6] is not None:
         return stored_status(row[6], row[7], row[8], row[9], row[10],
-                             None if row[11] is None else float(row[11]), row[12], row[13])
+                             _number(row[11]), row[12], row[13])
     if len(row) == 6:
         return CaseStatus(status="READY", phase=row[3])  # a version-1 store: at intake
     return None

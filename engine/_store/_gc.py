@@ -47,8 +47,8 @@ def collect_garbage(store: Store, *, min_age_s: float = 600.0) -> GcReport:
             if sha in referenced:
                 continue
             try:
-                st = path.stat()
-            except FileNotFoundError:
+                st = path.lstat()  # the entry itself: a link (dangling, looping) is removed,
+            except FileNotFoundError:  # never followed
                 continue
             if st.st_mtime > cutoff:
                 young += 1

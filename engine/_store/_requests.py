@@ -98,7 +98,7 @@ class CaseStatus:
 def iso_utc(posix: float) -> str:
     """A due time to the second, rounded **up**: a person (or a cron job) acting at the time
     shown is never told the round is not due yet."""
-    if not 0.0 <= posix <= MAX_DUE_AT:  # a damaged index row: shown as it is, never raised
+    if type(posix) is not float or not 0.0 <= posix <= MAX_DUE_AT:  # a damaged row: shown
         return f"(not a time: {posix!r})"
     return datetime.fromtimestamp(math.ceil(posix), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -501,8 +501,10 @@ class SqliteStore:
         if self.version < 2:
             return None
         with translate("read the case index"):
+            # Numbers only: a damaged row's text or blob (verify names it) is no due time.
             row = self.reader.execute("SELECT MIN(due_at) FROM refs WHERE "
-                                      "status='RETRY_PENDING'").fetchone()
+                                      "status='RETRY_PENDING' AND typeof(due_at) IN "
+                                      "('real', 'integer')").fetchone()
         return None if row[0] is None else float(row[0])
 
     @guarded

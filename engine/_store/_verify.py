@@ -99,15 +99,15 @@ def _verify(store: Store, case_ids: Iterable[str] | None,
                                 "by an index that does not fit them.")
     violations: list[Violation] = []
     refs: dict[str, CaseRef] = {}
+    wanted = set(case_ids) if case_ids is not None else None
     for r in store.list_cases():
         # A damaged row (a flipped bit can change a column's type) is named, not sorted
         # beside the others: comparing None or bytes with text failed as internal_error.
         if type(r.package_id) is str and type(r.case_id) is str:
             refs[r.package_id] = r
-        else:
+        elif wanted is None or r.case_id in wanted:  # a whole-store check, or this case's
             violations.append(Violation(_shown(r.case_id), f"a ref row is damaged: package "
                                         f"id {r.package_id!r}, case id {r.case_id!r}"))
-    wanted = set(case_ids) if case_ids is not None else None
     for row in refs.values():
         problem = None if row.status is None else status_problem(row.status)
         if problem and (wanted is None or row.case_id in wanted):
@@ -118,10 +118,14 @@ def _verify(store: Store, case_ids: Iterable[str] | None,
         violations += [Violation(c, "no such case") for c in sorted(wanted - known)]
     counts = store.generation_counts()
     for pkg in [k for k in counts if type(k) is not str]:
-        violations.append(Violation(f"(package {pkg!r})", f"{counts.pop(pkg)} generation "
-                                    "rows have a damaged package id"))
+        n = counts.pop(pkg)
+        if wanted is None:  # no case of its own can be named
+            violations.append(Violation(f"(package {pkg!r})", f"{n} generation rows have a "
+                                        "damaged package id"))
     packages = sorted(counts)
     for pkg in sorted(set(refs) - set(packages)):
+        if wanted is not None and refs[pkg].case_id not in wanted:
+            continue  # another case's (``verify CASE`` reported it for every case asked)
         violations.append(Violation(refs[pkg].case_id, f"ref names package {pkg} which has "
                                                        "no generations"))
     needed: dict[str, _Need] = {}

@@ -136,9 +136,8 @@ class Output:
                 raise
             self.reader_gone = True
             self.unwritable = exc
-            with contextlib.suppress(OSError):  # stderr gone too: the exit code says it
-                self.note(f"warning: {exc.message}; the work goes on without its lines, "
-                          f"and the command will exit 1")
+            self.note(f"warning: {exc.message}; the work goes on without its lines, and "
+                      "the command will fail at its end (exit 1, or its own code if worse)")
 
     def document(self, value: Any) -> None:
         """The single JSON document of a ``--json`` run."""
@@ -171,8 +170,10 @@ class Output:
                 sys.stdout.flush()
 
     def note(self, text: str) -> None:
-        """A human line on stderr (never disturbs a JSON document on stdout)."""
-        self.err.print(Text(terminal_safe(text, multiline=True)))
+        """A human line on stderr (never disturbs a JSON document on stdout). A stderr that
+        refuses it (a full disk) loses the line, not the command: a daemon died of it."""
+        with contextlib.suppress(OSError):
+            self.err.print(Text(terminal_safe(text, multiline=True)))
 
     def error(self, exc: VianoError) -> None:
         if self.as_json and not self.documents and not isinstance(exc, OutputUnwritable):

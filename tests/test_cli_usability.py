@@ -183,6 +183,28 @@ class TestMistakesAreRefused:
         assert (f"is in {link}" in error["message"]) == bool(under), error
         assert not (tmp_path / "nowhere").exists() and link.is_symlink()
 
+    @pytest.mark.no_store
+    def test_a_link_that_cannot_be_followed_here_is_not_called_broken(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A link whose target this user may not look at (EACCES) may well exist: it was
+        refused as "a symbolic link to …, which does not exist"."""
+        import errno
+        import os
+
+        from engine._store import _sqlite_open
+
+        link = tmp_path / "lnk"
+        link.symlink_to(tmp_path / "locked" / "real")
+        real_stat = os.stat
+
+        def denied(path: object, *args: object, **kwargs: object) -> os.stat_result:
+            if str(path) == str(link) and kwargs.get("follow_symlinks", True):
+                raise PermissionError(errno.EACCES, "Permission denied", str(path))
+            return real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(_sqlite_open.os, "stat", denied)
+        _sqlite_open._no_broken_links(link / "sub")  # refused later, by what opening says
+
     @pytest.mark.parametrize("inner", ["blobs", "inner", "locks/x", "blobs/tmp/x"])
     def test_a_new_store_inside_another_stores_folder_is_refused(
             self, cli: Cli, sample: Path, tmp_path: Path, inner: str) -> None:

@@ -85,6 +85,8 @@ def _no_broken_links(root: Path) -> None:
                 raise NotAStore(f"{what} a symbolic link that loops (it leads back to "
                                 "itself)", hint="Point the link at a folder, or pass "
                                 "--store a folder that is not under it.") from exc
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                continue  # it may lead somewhere this user cannot see: opening says why
             raise NotAStore(f"{what} a symbolic link to {os.readlink(path)}, which does "
                             "not exist", hint="Create the folder it names, or pass --store "
                             "the folder itself.") from exc

@@ -42,7 +42,7 @@ def _exact(expected: type) -> Callable[[Any, Any], Any]:
     return hook
 
 
-_KINDS: dict[type, str] = {dict: "a table", list: "an array", tuple: "an array",
+_KINDS: dict[type, str] = {dict: "a table (object)", list: "an array", tuple: "an array",
                           str: "a string", bytes: "bytes", bool: "a boolean",
                           int: "an integer", float: "a number", type(None): "null"}
 
@@ -80,7 +80,7 @@ def _tables_only(type_: Any, converter: cattrs.Converter) -> Callable[[Any, Any]
 
     def hook(value: Any, t: Any) -> Any:
         if not isinstance(value, dict):
-            raise TypeError(f"expected a table, got {_kind(value)}")
+            raise TypeError(f"expected a table (object), got {_kind(value)}")
         return inner(value, t)
 
     return hook

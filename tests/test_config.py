@@ -54,12 +54,12 @@ BAD = {
     "store url empty": ('[store]\nurl = ""\n', "url must name a folder or a database"),
     "store url with NUL": ('[store]\nurl = "s\\u0000"\n', "url must name a folder"),
     "blob_root blank": ('[store]\nblob_root = " "\n', "blob_root must name a folder"),
-    "store as a number": ("store = 1\n", "store: expected a table, got an integer"),
-    "retry as a string": ('retry = "x"\n', "retry: expected a table, got a string"),
+    "store as a number": ("store = 1\n", "store: expected a table (object), got an integer"),
+    "retry as a string": ('retry = "x"\n', "retry: expected a table (object), got a string"),
     "limits as a boolean": ("[intake]\nlimits = true\n",
-                            "intake.limits: expected a table, got a boolean"),
+                            "intake.limits: expected a table (object), got a boolean"),
     "a provider as an array": ("providers = [[]]\n",
-                               "providers[0]: expected a table, got an array"),
+                               "providers[0]: expected a table (object), got an array"),
     # A base_url that no HTTP client can call was found only at the first dispatch, which
     # ended the case in ERROR provider_configuration.
     **{f"base_url {url!r}": (f'[[providers]]\nname = "a"\nkind = "openai"\nmodel = "m"\n'

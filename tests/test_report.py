@@ -152,3 +152,13 @@ def test_report_refusals_and_a_read_only_store(completed_store: Path, tmp_path: 
         assert run_viano("report", "--store", completed_store, "BUG-20").returncode == 0
     finally:
         make_writable(completed_store)
+
+
+def test_an_entry_that_is_not_an_object_is_named_as_such() -> None:
+    """A comment given as a number said "argument of type 'int' is not iterable"."""
+    from engine import ReportRejected
+    from engine._intake._report import parse_native
+
+    with pytest.raises(ReportRejected) as info:
+        parse_native({"title": "t", "body": "b", "comments": [1]}, "r.json")
+    assert "comments[0]: expected a table (object), got an integer" in info.value.message

@@ -585,3 +585,23 @@ class TestDaemonEndings:
         # Counted before the engine closes: the first case done, the others were in flight.
         assert doc["summary"]["interrupted_in_flight"] >= 1, doc["summary"]
         assert "event" not in doc["summary"]
+
+
+@pytest.mark.no_store
+@pytest.mark.parametrize("soft", [64, 100, 129])
+def test_an_open_files_limit_too_low_for_any_concurrency_says_so(
+        monkeypatch: pytest.MonkeyPatch, soft: int) -> None:
+    """Under ``ulimit -n 100`` every --concurrency was refused as "at most -14", with the
+    hint to lower it. The limit is what to raise."""
+    import resource
+
+    from engine import UsageError
+    from viano_bug_analysis.cli import _batch_commands
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _which: (soft, 4096))
+    with pytest.raises(UsageError) as info:
+        _batch_commands.check_concurrency(1)
+    assert f"only {soft} files" in info.value.message and "-" not in info.value.message
+    assert "ulimit -n" in info.value.hint
+    monkeypatch.setattr(resource, "getrlimit", lambda _which: (131, 4096))
+    _batch_commands.check_concurrency(1)  # one case fits

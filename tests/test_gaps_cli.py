@@ -206,6 +206,25 @@ class TestALoweredRoundLimit:
         log = cli("log", "BUG-20", "--store", store)
         assert "unblock" in log.out, log.out
 
+    def test_a_raised_max_rounds_does_not_run_a_blocked_series_on(
+            self, cli: Cli, tmp_path: Path, answers: Path) -> None:
+        """Blocked under max_rounds = 1, then max_rounds raised to 5: dispatch ran more
+        rounds without an unblock, a history verify refuses ("blocked its series, yet
+        rounds follow it"), and the case was unsupported_history for good. It stays
+        BLOCKED until 'viano unblock', which then opens a series that completes."""
+        store, five, one = self._intaken(cli, tmp_path, answers, script="503")
+        code, doc = _dispatch(cli, "interpret", store, one)
+        assert (code, doc["reason"]) == (12, "rounds_exhausted"), doc
+        code, doc = _dispatch(cli, "interpret", store, five)
+        assert (code, doc["status"], doc["reason"]) == (12, "BLOCKED", "rounds_exhausted"), doc
+        assert cli("verify", "--store", store).code == 0
+        r = cli("unblock", "BUG-20", "--by", "qa.lead", "--store", store, "--config", five)
+        assert r.code == 0, r.err
+        code, doc = _dispatch(cli, "interpret", store, five)
+        assert (code, doc["status"], doc["reason"]) == (
+            0, "COMPLETED", "awaiting_confirmation"), doc
+        assert cli("verify", "--store", store).code == 0
+
     def test_a_series_that_ended_on_a_rejected_answer_can_be_unblocked(
             self, cli: Cli, tmp_path: Path, answers: Path) -> None:
         """An unavailable round, then an invalid answer (rejected), then max_rounds lowered

@@ -89,6 +89,10 @@ TABLE: dict[str, tuple[PhaseState, type, str | None]] = {
     "rounds exhausted": (_state(rounds=tuple(_round(i, "unavailable") for i in (1, 2, 3)),
                                 last_round={"retry": {"blocked": True}}),
                          Finish, "rounds_exhausted"),
+    # Blocked under a lower limit than REQ's 3: still blocked, not run on.
+    "blocked by its last round, limit since raised": (
+        _state(rounds=(_round(1, "unavailable"),), last_round={"retry": {"blocked": True}}),
+        Finish, "rounds_exhausted"),
     "exhausted, then unblocked (series 2)": (_state(series=2, rounds=()), RunRound, None),
     "provider configuration last": (_state(rounds=(_round(1, "configuration"),),
                                            last_round={}), RunRound, None),

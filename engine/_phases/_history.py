@@ -42,6 +42,7 @@ from ._protocol import (
     Refusal,
     RoundInfo,
     attempt_hash,
+    blocked_series,
     exhausted_by,
     phase_dir,
 )
@@ -224,7 +225,7 @@ class _Audit:
                 self.problem(f"series {s} of {self.base} does not number its rounds "
                              "1, 2, ... once each")
             for r in mine[:-1]:
-                if _blocked(docs.get(r.path)):
+                if blocked_series(docs.get(r.path)):
                     self.problem(f"{r.path} blocked its series, yet rounds follow it")
             if s == 1:
                 if 1 in unblocks:
@@ -236,7 +237,7 @@ class _Audit:
                 self.problem(f"series {s} of {self.base} has no unblock")
                 continue
             doc = self.view.read_object(path)
-            if not before or not (_blocked(docs.get(before[-1].path))
+            if not before or not (blocked_series(docs.get(before[-1].path))
                                   or _exhausted_by_a_lower_limit(doc, before)):
                 self.problem(f"{path} unblocks series {s - 1}, which did not end blocked")
             if not (doc.get("format") == "viano-unblock/1"
@@ -290,11 +291,6 @@ def _exhausted_by_a_lower_limit(unblock: Mapping[str, Any], rounds: Sequence[Rou
     but which a lower ``max_rounds`` exhausted (its unblock names that limit)."""
     limit = unblock.get("exhausted_by_max_rounds")
     return type(limit) is int and exhausted_by(limit, rounds)
-
-
-def _blocked(doc: Mapping[str, Any] | None) -> bool:
-    retry = doc.get("retry") if doc else None
-    return isinstance(retry, dict) and retry.get("blocked") is True
 
 
 def pinned_inputs(view: PackageView, spec: PhaseSpec, rev: int) -> dict[str, Any]:

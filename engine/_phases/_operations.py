@@ -14,7 +14,7 @@ from .._store._manifest import MAX_REVISION
 from .._text import is_blank, is_utf8
 from ._interpretation import PHASE as INTERPRETATION_PHASE
 from ._interpretation import artifact_paths, confirmation_bytes, interpretation_problems
-from ._protocol import exhausted_by, parse_rounds, phase_dir
+from ._protocol import blocked_series, exhausted_by, parse_rounds, phase_dir
 from ._spec import PhaseSpec
 from ._view import PackageView, remember_written
 
@@ -94,8 +94,7 @@ def unblock_change(view: PackageView, spec: PhaseSpec, by: str, *,
     base = phase_dir(spec.key, m.analysis_revision)
     series, rounds, _ = parse_rounds(sorted(m.paths_under(base)), base)
     last = view.read_object(rounds[-1].path) if rounds else {}
-    retry = last.get("retry") if isinstance(last, dict) else None
-    blocked = isinstance(retry, dict) and retry.get("blocked") is True
+    blocked = blocked_series(last if isinstance(last, dict) else None)
     by_limit = not blocked and max_rounds is not None and exhausted_by(max_rounds, rounds)
     if not (blocked or by_limit):
         raise PhaseRefused(f"case {m.case_id!r} is not blocked in {spec.phase}",

@@ -249,7 +249,12 @@ def decide(state: PhaseState, request: DispatchRequest, now: float) -> Step:
                       f"attempt {request.attempt_id!r} was rejected under these inputs; "
                       "correct it with a new --attempt-id (the policy stays pinned)")
     max_rounds = request.retry.max_rounds
-    if exhausted_by(max_rounds, state.rounds):
+    # A series its last round blocked stays blocked until 'viano unblock', whatever the
+    # limit is now: a raised max_rounds ran more rounds after it, a history the audit
+    # (rightly) refuses, and the case was broken for good.
+    if exhausted_by(max_rounds, state.rounds) or (
+            last is not None and last.outcome == "unavailable"
+            and blocked_series(state.last_round)):
         return Finish(BLOCKED, "rounds_exhausted",
                       f"{state.unavailable_rounds} rounds found no provider available; "
                       "'viano unblock' allows a new series", round=last.round if last else None,
@@ -275,6 +280,13 @@ def _due(doc: Mapping[str, Any]) -> float | None:
     retry = doc.get("retry")
     due = retry.get("due_at_posix") if isinstance(retry, dict) else None
     return due if type(due) is float and 0.0 <= due <= MAX_DUE_AT else None
+
+
+def blocked_series(doc: Mapping[str, Any] | None) -> bool:
+    """Whether a round document blocked its series (the limit was reached when it was
+    written). One reading for dispatch, ``unblock`` and the history audit."""
+    retry = doc.get("retry") if doc else None
+    return isinstance(retry, dict) and retry.get("blocked") is True
 
 
 def exhausted_by(limit: int, rounds: Sequence[RoundInfo]) -> bool:

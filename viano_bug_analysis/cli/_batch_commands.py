@@ -229,6 +229,10 @@ def check_concurrency(concurrency: int) -> None:
     refused beyond what the process may open, rather than failing halfway (EMFILE)."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     room = MAX_CONCURRENCY if soft == resource.RLIM_INFINITY else (soft - 128) // 2
+    if room < 1:  # no --concurrency fits: it said "at most -14", and to lower it
+        raise UsageError(f"this process may open only {soft} files, too few to run cases "
+                         f"(the store, the HTTP clients and one case need {128 + 2})",
+                         hint="Raise the limit (ulimit -n 1024, say), then run it again.")
     if concurrency > min(room, MAX_CONCURRENCY):
         raise UsageError(f"--concurrency {concurrency} is more than this process can hold "
                          f"in flight (at most {min(room, MAX_CONCURRENCY)} with its limit of "

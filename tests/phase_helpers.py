@@ -193,14 +193,15 @@ def json_edit(change: Callable[[dict[str, Any], Callable[[str], str]], None]) ->
     return edit
 
 
-def completed_sample_store(root: Path) -> Path:
+def completed_sample_store(root: Path, answers: Path = FIXTURES) -> Path:
     """A store at ``root`` holding the sample case through both phases, as ``viano demo``
-    makes it (bundled fixture provider)."""
+    makes it (the fixture provider, with the bundled ``answers`` unless told)."""
     import trio
 
     from viano_bug_analysis.cli._demo import _run
 
-    config = attrs.evolve(Config.defaults(), providers=(fixture_provider(),))
+    provider = ProviderConfig(name="fixture", kind="fixture", path=str(answers))
+    config = attrs.evolve(Config.defaults(), providers=(provider,))
     results, _ = trio.run(_run, str(root), config)
     assert [r.status for r in results] == ["COMPLETED", "COMPLETED"]
     return root

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from cmarkgfm.cmark import Options
 from engine import report_markdown
 from engine._text import markdown_inert as md_text
 from tests.conftest import make_readonly, make_writable, run_viano
-from tests.phase_helpers import completed_sample_store
+from tests.phase_helpers import FIXTURES, completed_sample_store
 
 pytestmark = pytest.mark.usefixtures("backend")
 
@@ -134,6 +135,45 @@ def test_the_report_of_a_completed_case(completed_store: Path) -> None:
                                   "unit": "investigation_units"} for i in (1, 2, 3)]
     assert doc["trace"]["hypotheses_sha256"] == show["files"][hyp_path]["sha256"]
     assert report_markdown(doc) == md  # the Markdown is a rendering of that document
+
+
+def test_a_reference_cited_many_times_is_reported_once(backend: str, tmp_path: Path) -> None:
+    """The phases accept an answer that cites S1 fifty thousand times (no released prompt
+    forbids it); its report printed the reference each time, 25 times the answer's size.
+    Now each reference shows once where it is cited, in the Markdown and the JSON alike."""
+    answers = tmp_path / "answers"
+    shutil.copytree(FIXTURES, answers)
+    many = 2_000
+    path = answers / "interpretation_v1" / "BUG-20.json"
+    interp = json.loads(path.read_text())
+    for st in interp["statements"]:
+        st["source_ids"] = st["source_ids"] * many
+    path.write_text(json.dumps(interp))
+    path = answers / "hypotheses_v1" / "BUG-20.json"
+    hyps = json.loads(path.read_text())
+    for h in hyps["hypotheses"]:
+        h["source_ids"] = h["source_ids"] * many
+        h["interpretation_ids"] = h["interpretation_ids"] * many
+    path.write_text(json.dumps(hyps))
+    store = completed_sample_store(tmp_path / "store", answers)
+    plain = completed_sample_store(tmp_path / "plain")
+
+    md = run_viano("report", "--store", store, "BUG-20")
+    assert md.returncode == 0, md.stderr
+    same = run_viano("report", "--store", plain, "BUG-20").stdout
+    assert md.stdout.splitlines()[:-1] == same.splitlines()[:-1]  # the footer's hashes differ
+    doc = json.loads(run_viano("report", "--json", "--store", store, "BUG-20").stdout)
+    assert [s["source_ids"] for s in doc["interpretation"]["statements"]] == \
+        [list(dict.fromkeys(s["source_ids"])) for s in interp["statements"]]
+    assert [(h["source_ids"], h["interpretation_ids"]) for h in doc["hypotheses"]] == \
+        [(list(dict.fromkeys(h["source_ids"])), list(dict.fromkeys(h["interpretation_ids"])))
+         for h in hyps["hypotheses"]]
+    assert len({s["source_id"] for s in doc["sources"]}) == len(doc["sources"])
+    # What is stored is what the model answered: only the rendering shows each once.
+    stored = json.loads(run_viano("cat", "--store", store, "BUG-20",
+                                  "analysis/hypotheses/0001/hypotheses.json").stdout)
+    assert len(stored["hypotheses"][0]["source_ids"]) == \
+        many * len(set(stored["hypotheses"][0]["source_ids"]))
 
 
 def test_report_refusals_and_a_read_only_store(completed_store: Path, tmp_path: Path) -> None:

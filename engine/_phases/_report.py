@@ -17,6 +17,7 @@ digits) is written as inline code, which it never links.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from .._errors import NotFound, PhaseRefused
@@ -31,6 +32,21 @@ QUOTE_CHARS = 200
 def _quote(text: str) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= QUOTE_CHARS else flat[: QUOTE_CHARS - 1].rstrip() + "…"
+
+
+def _distinct(ids: Iterable[Any]) -> list[Any]:
+    """``ids`` once each, in the order they were first cited. The phases accept a
+    reference cited twice (the released prompts do not forbid it, and a rule their text
+    does not state is not enforced), so an answer citing S1 fifty thousand times renders
+    it once, not as a report 25 times the answer's size."""
+    return list(dict.fromkeys(ids))
+
+
+def _cited_once(h: Any) -> Any:
+    if not isinstance(h, dict):
+        return h
+    return {k: _distinct(v) if k in ("source_ids", "interpretation_ids") and
+            isinstance(v, list) else v for k, v in h.items()}
 
 
 def report_document(view: PackageView, revision: int | None = None) -> dict[str, Any]:
@@ -63,16 +79,12 @@ def report_document(view: PackageView, revision: int | None = None) -> dict[str,
     excerpts = {e["source_id"]: e for e in untrusted.get("excerpts") or []}
     catalogue = {s["source_id"]: s for s in untrusted.get("catalogue") or []}
     statements = interp.get("statements") or []
-    cited: list[str] = []
-    for st in statements:
-        cited += [s for s in st.get("source_ids") or [] if s not in cited]
-
     hyp_dir = f"analysis/hypotheses/{rev:04d}"
     hyp_path, reg_path = f"{hyp_dir}/hypotheses.json", f"{hyp_dir}/registry.json"
     hypotheses = view.read_object(hyp_path) if view.has(hyp_path) else None
     registry = view.read_object(reg_path) if view.has(reg_path) else None
-    for h in (hypotheses or {}).get("hypotheses") or []:
-        cited += [s for s in h.get("source_ids") or [] if s not in cited]
+    shown = [_cited_once(h) for h in (hypotheses or {}).get("hypotheses") or []]
+    cited = _distinct(x for item in [*statements, *shown] for x in item.get("source_ids") or [])
 
     def source(sid: str) -> dict[str, Any]:
         entry = catalogue.get(sid) or {}
@@ -91,11 +103,11 @@ def report_document(view: PackageView, revision: int | None = None) -> dict[str,
             "analysis_revision": rev,
             "interpretation": {"summary": interp.get("summary"), "statements": [
                 {"alias": s.get("alias"), "kind": s.get("kind"), "text": s.get("text"),
-                 "source_ids": s.get("source_ids")} for s in statements],
+                 "source_ids": _distinct(s.get("source_ids") or [])} for s in statements],
                 "missing_observations": interp.get("missing_observations") or [],
                 "confirmed_by": (confirmation or {}).get("confirmed_by")},
             "sources": [source(s) for s in cited],
-            "hypotheses": (hypotheses or {}).get("hypotheses"),
+            "hypotheses": shown if hypotheses is not None else None,
             "allocation": [{"id": c.get("id"), **(c.get("budget_allocation") or {})}
                            for c in (registry or {}).get("creations") or []],
             "trace": trace}

@@ -465,3 +465,63 @@ def test_every_json_document_is_one(cli: Cli, sample: Path, tmp_path: Path) -> N
     """An error under --json is exactly one document on stdout."""
     r = cli("verify", "NOPE", "--store", tmp_path / "none", "--json")
     assert json.loads(r.out)["error"]["reason"] == "no_store"
+
+
+def _commands_with(dest: str) -> list[tuple[str, list[str]]]:
+    """Every subcommand with a ``dest`` positional, and the other arguments it requires
+    (from the parser itself, so a command added later is covered too)."""
+    import argparse
+
+    from viano_bug_analysis.cli._parser import build_parser
+
+    sub = next(a for a in build_parser()._actions
+               if isinstance(a, argparse._SubParsersAction))
+    out = []
+    for name, p in sorted(sub.choices.items()):
+        if not any(a.dest == dest for a in p._actions):
+            continue
+        rest = []
+        for a in p._actions:
+            if a.dest == dest:
+                rest.append("{}")
+            elif not a.option_strings and a.dest != "help":
+                rest.append("x.zip")  # export's FILE, the only other positional
+            elif a.required:
+                rest += [a.option_strings[0], "r"]
+        out.append((name, rest))
+    return out
+
+
+@pytest.mark.no_store
+@pytest.mark.parametrize(("command", "rest"),
+                         _commands_with("case") + _commands_with("cases"))
+def test_every_case_argument_is_checked_as_a_case_id(cli: Cli, tmp_path: Path, command: str,
+                                                     rest: list[str]) -> None:
+    """``run BAD!`` said ``unknown_case`` where ``interpret BAD!`` said ``invalid_case_id``:
+    every CASE argument is now checked by the parser, before any store or config is read."""
+    store = tmp_path / "s"
+    r = cli("--json", command, "--store", store, *[x.format("BAD!") for x in rest])
+    assert r.code == 2, r.out
+    assert r.json["error"]["reason"] == "invalid_case_id", r.out  # type: ignore[index]
+    assert not store.exists()
+    r = cli("--json", command, "--store", store, *[x.format("OK-1") for x in rest])
+    assert r.json["error"]["reason"] != "invalid_case_id"  # type: ignore[index]
+
+
+@pytest.mark.no_store
+@pytest.mark.parametrize(("option", "value"), [
+    ("--concurrency", "٥"), ("--concurrency", "1_0"), ("--concurrency", " 3"),
+    ("--concurrency", "３"), ("--poll-s", "١"), ("--poll-s", "0.1_0"), ("--poll-s", "1.5 ")])
+def test_numbers_are_ascii_digits(cli: Cli, tmp_path: Path, option: str, value: str) -> None:
+    """Python's int() and float() take other scripts' digits, underscores and spaces;
+    an option is a number as a person types it, in ASCII digits."""
+    r = cli("--json", "daemon", "--store", tmp_path / "s", option, value)
+    assert r.code == 2 and r.json["error"]["reason"] == "usage_error", r.out  # type: ignore
+    assert "is not a" in r.json["error"]["message"]  # type: ignore[index]
+
+
+@pytest.mark.no_store
+def test_a_generation_is_ascii_digits(cli: Cli, tmp_path: Path) -> None:
+    for value in ("٣", "1_0", " 1"):
+        r = cli("--json", "show", "--store", tmp_path / "s", "C-1", "--generation", value)
+        assert r.json["error"]["reason"] == "usage_error", r.out  # type: ignore[index]

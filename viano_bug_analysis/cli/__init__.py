@@ -17,7 +17,7 @@ from ._commands import COMMANDS
 from ._context import store_path
 from ._events import event_log
 from ._output import Output, OutputUnwritable, quiet_stdout, writing_stdout
-from ._parser import Shown, build_parser
+from ._parser import Shown, parse
 
 
 def main(argv: Sequence[str] | None = None, *, whole_process: bool = False) -> int:
@@ -30,7 +30,7 @@ def main(argv: Sequence[str] | None = None, *, whole_process: bool = False) -> i
     out = Output(as_json="--json" in argv)
     code: int | None = None
     try:
-        args = build_parser().parse_args(argv)
+        args = parse(argv)
         out.as_json = bool(args.json)
         config = Config.resolve(args.config)
         with _terminate_as_interrupt(then_deaf=whole_process), \

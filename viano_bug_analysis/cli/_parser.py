@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from typing import NoReturn
 
-from engine import FORMATS, ROLES, UsageError, is_utf8
+from engine import FORMATS, ROLES, UsageError, is_utf8, validate_case_id
 
 DESCRIPTION = ("Viano analyses bug cases: intake stores the originals and a canonical source "
                "catalogue in a durable, versioned case package; a model interprets the case, "
@@ -78,21 +79,26 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+# Numbers as a person types them in ASCII: Python's int() and float() also take other
+# scripts' digits, underscores and surrounding whitespace ("٥", "1_0", " 3").
+_WHOLE = re.compile(r"[+-]?[0-9]+")
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
 def _seconds(text: str) -> float:
     """A duration: a finite number of seconds, not negative."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if _DECIMAL.fullmatch(text) is None:
+        raise argparse.ArgumentTypeError(f"{_shown(text)} is not a number of seconds")
+    value = float(text)
     if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite, non-negative number")
+        raise argparse.ArgumentTypeError(f"{_shown(text)} must be a finite, non-negative number")
     return value
 
 
 def _poll_seconds(text: str) -> float:
     value = _seconds(text)
     if value < 0.05:
-        raise argparse.ArgumentTypeError(f"{text!r} would poll the store in a busy loop; "
+        raise argparse.ArgumentTypeError(f"{_shown(text)} would poll the store in a busy loop; "
                                          "give at least 0.05")
     return value
 
@@ -102,18 +108,25 @@ def _text(text: str) -> str:
     Viano stores is. A file name may be any bytes; these may not (the shell passed bytes
     that are not UTF-8, which Python holds as lone surrogates)."""
     if not is_utf8(text):
-        shown = text.encode("utf-8", "backslashreplace").decode("utf-8")
-        raise argparse.ArgumentTypeError(f"'{shown}' is not UTF-8 text")  # as it shows, once
+        raise argparse.ArgumentTypeError(f"{_shown(text)} is not UTF-8 text")
     return text
 
 
+def _shown(text: str) -> str:
+    """``text`` quoted as it shows, escaped once (not-UTF-8 bytes as ``\\udcff``)."""
+    return "'" + text.encode("utf-8", "backslashreplace").decode("utf-8") + "'"
+
+
+def _integer(text: str) -> int:
+    if _WHOLE.fullmatch(text) is None:
+        raise argparse.ArgumentTypeError(f"{_shown(text)} is not a whole number")
+    return int(text)
+
+
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    value = _integer(text)
     if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+        raise argparse.ArgumentTypeError(f"{_shown(text)} must be at least 1")
     return value
 
 
@@ -137,6 +150,20 @@ def _globals(with_defaults: bool) -> Parser:
                    help="write one JSON line per phase step and result to FILE ('-' for "
                         "stderr); off unless given")
     return p
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The command line, and its case ids checked against the case-id rule before anything
+    is read, so every command refuses ``BAD!`` as ``invalid_case_id`` (the read commands
+    said ``unknown_case``, the phase commands ``invalid_case_id``). After the parse, so a
+    usage error (an unknown option whose value was taken for a CASE) is said first."""
+    args = build_parser().parse_args(argv)
+    for dest in ("case", "cases", "case_id"):
+        value = getattr(args, dest, None)
+        for case_id in value if isinstance(value, list) else [value]:
+            if case_id is not None:
+                validate_case_id(case_id)
+    return args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -239,12 +266,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("show", "print the manifest of the current (or given) generation")
     p.add_argument("case", metavar="CASE", type=_text)
-    p.add_argument("--generation", type=int, metavar="N")
+    p.add_argument("--generation", type=_integer, metavar="N")
 
     p = add("cat", "print the exact bytes of one logical file")
     p.add_argument("case", metavar="CASE", type=_text)
     p.add_argument("path", metavar="PATH", type=_text)
-    p.add_argument("--generation", type=int, metavar="N")
+    p.add_argument("--generation", type=_integer, metavar="N")
 
     p = add("log", "the generation history: number, phase, time, what changed")
     p.add_argument("case", metavar="CASE", type=_text)

@@ -119,7 +119,7 @@ class Engine(Passes):
         # Cases whose advance was cut short (a case actor cancelled, or a case still
         # waiting for a slot when the engine stopped): counted as they end, so a count
         # read after the close is exact, not a race with the actors' unwinding.
-        self.interrupted = 0
+        self.interrupted_cases: list[str] = []
         self._subscribers: list[trio.MemorySendChannel[dict[str, Any]]] = []
         self.dropped_events = 0
         self.accepting = True
@@ -248,7 +248,7 @@ class Engine(Passes):
                     self.dropped_results += 1
         finally:
             if running.result is None:
-                self.interrupted += 1
+                self.interrupted_cases.append(case_id)
             del self._running[case_id]
             self._active -= 1
             running.done.set()
@@ -256,13 +256,19 @@ class Engine(Passes):
             self._finished.set()
             self._finished = trio.Event()
 
+    @property
+    def interrupted(self) -> int:
+        """How many cases' advances were cut short (exact once the engine has closed)."""
+        return len(self.interrupted_cases)
+
     def _stop(self) -> None:
         """No new work; the cases still waiting for a slot end unadvanced (a dispatch
         waiting for one raises engine_stopped)."""
         self.accepting = False
         while self._queue:
-            self._running.pop(self._queue.popleft()).done.set()
-            self.interrupted += 1
+            case_id = self._queue.popleft()
+            self._running.pop(case_id).done.set()
+            self.interrupted_cases.append(case_id)
 
     def _hold_back(self, result: CaseResult) -> None:
         """Keep a case out of the passes for a while when offering it again now would only

@@ -243,6 +243,12 @@ class TestBatch:
         rc, _err = first.finish(timeout=30)
         assert rc == 130, first.seen
         assert "interrupted: run the same command to resume" in first.seen[-1]
+        # The cases stopped with no result are named, not left out of "N cases".
+        named = [x for x in first.seen if "stopped before a result" in x]
+        assert len(named) == 1, first.seen
+        stopped = named[0].split(": ", 1)[1].split(", ")
+        assert stopped and set(stopped) <= set(ids), named
+        assert not any(x.startswith(tuple(f"{c} " for c in stopped)) for x in first.seen)
 
         calls_before = len(slow_provider.calls)
         again = run_viano("batch", "--store", store, "--all", "--concurrency", "3", "--json",
@@ -272,6 +278,9 @@ class TestBatch:
         assert rc == 130
         doc = json.loads("\n".join(proc.seen))
         assert doc["summary"]["interrupted"] is True
+        stopped = doc["summary"]["interrupted_cases"]
+        assert stopped and set(stopped) <= {f"J-{i}" for i in range(4)}, doc["summary"]
+        assert not set(stopped) & {r["case_id"] for r in doc["results"]}
 
     async def test_two_batches_on_one_store_at_once(
             self, tmp_path: Path, slow_provider: Provider) -> None:

@@ -66,6 +66,9 @@ class _Tally:
         elapsed = time.monotonic() - self.started
         stats = engine.store.stats
         return {"cases": len(self.final), "interrupted": interrupted,
+                # cut short with no result (a model call in flight, or waiting for a slot):
+                # their committed state is kept, and the same command resumes them
+                "interrupted_cases": sorted(engine.interrupted_cases),
                 "by_status": dict(sorted(Counter(r.result.status
                                                   for r in self.final.values()).items())),
                 "by_reason": dict(sorted(Counter(str(r.result.reason)
@@ -95,10 +98,19 @@ def _print_summary(out: Output, summary: dict[str, Any], results: list[CaseResul
         for r in results:
             out.line(f"{r.case_id}: {r.result.status} ({r.result.reason})")
     counts = ", ".join(f"{k} {v}" for k, v in summary["by_status"].items()) or "no cases"
+    stopped = summary["interrupted_cases"]
+    if stopped:  # they have no result, so "0 cases" alone said nothing of them
+        shown = ", ".join(stopped[:SHOWN_STOPPED]) + (
+            f" and {len(stopped) - SHOWN_STOPPED} more" if len(stopped) > SHOWN_STOPPED else "")
+        out.line(f"{len(stopped)} case(s) stopped before a result, their committed state "
+                 f"kept: {shown}")
     out.line(f"{summary['cases']} cases: {counts}; {summary['seconds']}s; "
              f"{summary['store']['publications_per_transaction']} publications per "
              "transaction" + (" (interrupted: run the same command to resume)"
                               if summary["interrupted"] else ""))
+
+
+SHOWN_STOPPED = 20  # case ids named on the line of cases stopped before a result
 
 
 @contextmanager

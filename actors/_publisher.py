@@ -21,7 +21,7 @@ import math
 import attrs
 import trio
 
-from engine import Outcome, Request, StorageError, Store
+from engine import Outcome, Published, Request, StorageError, Store
 
 from ._workers import Workers
 
@@ -37,16 +37,22 @@ class PublishMsg:
 
 @attrs.define
 class PublisherStats:
+    """What the publisher committed: ``requests`` taken into transactions, of which
+    ``published`` were committed (a request refused in its transaction, such as an intake
+    of a case already there or a stale generation, is no publication)."""
+
     batches: int = 0
     requests: int = 0
+    published: int = 0
     largest_batch: int = 0
 
     @property
     def per_transaction(self) -> float:
-        return self.requests / self.batches if self.batches else 0.0
+        return self.published / self.batches if self.batches else 0.0
 
     def to_json(self) -> dict[str, float]:
-        return {"transactions": self.batches, "publications": self.requests,
+        return {"transactions": self.batches, "publications": self.published,
+                "refused": self.requests - self.published,
                 "largest_batch": self.largest_batch,
                 "publications_per_transaction": round(self.per_transaction, 2)}
 
@@ -71,6 +77,7 @@ async def run_publisher(inbox: trio.MemoryReceiveChannel[PublishMsg], store: Sto
             if stats is not None:
                 stats.batches += 1
                 stats.requests += len(batch)
+                stats.published += sum(isinstance(m.outcome, Published) for m in batch)
                 stats.largest_batch = max(stats.largest_batch, len(batch))
     finally:
         # However the actor ends, no caller is left waiting: what was taken but not

@@ -36,7 +36,7 @@ async def run(url: str, blob_root: str, port: int, concurrency: int) -> None:
             statuses[r.result.status] = statuses.get(r.result.status, 0) + 1
         print(json.dumps({"cases": len(results), "statuses": statuses, "seconds": elapsed,
                           "cpu_s": cpu, "transactions": stats.batches,
-                          "publications": stats.requests,
+                          "publications": stats.published,
                           "statements": getattr(backend, "statements", 0) - statements0}),
               flush=True)
 

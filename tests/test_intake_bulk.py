@@ -149,6 +149,12 @@ def test_killed_mid_batch_and_run_again_takes_nothing_twice(tmp_path: Path) -> N
     code, doc = _bulk(store, folder)
     assert code == 0, doc
     assert doc["taken_in"] == n - first and doc["already_present"] == first
+    # Those found already there were no publications (they were counted as ones).
+    assert doc["store"]["publications"] == n - first, doc["store"]
+    assert doc["store"]["refused"] == first, doc["store"]
+    code, doc = _bulk(store, folder)
+    assert code == 0 and doc["already_present"] == n
+    assert doc["store"]["publications"] == 0 and doc["store"]["refused"] == n, doc["store"]
     cases = _cases(store)
     assert sorted(c["case_id"] for c in cases) == [f"BULK-{i:03d}" for i in range(n)]
     assert all(c["package_generation"] == 1 for c in cases)

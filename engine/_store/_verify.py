@@ -99,13 +99,17 @@ def _verify(store: Store, case_ids: Iterable[str] | None,
                                 "by an index that does not fit them.")
     violations: list[Violation] = []
     refs: dict[str, CaseRef] = {}
+    damaged_refs: set[str] = set()  # the case ids of ref rows whose package id is damaged
     wanted = set(case_ids) if case_ids is not None else None
     for r in store.list_cases():
         # A damaged row (a flipped bit can change a column's type) is named, not sorted
         # beside the others: comparing None or bytes with text failed as internal_error.
         if type(r.package_id) is str and type(r.case_id) is str:
             refs[r.package_id] = r
-        elif wanted is None or r.case_id in wanted:  # a whole-store check, or this case's
+            continue
+        if type(r.case_id) is str:
+            damaged_refs.add(r.case_id)
+        if wanted is None or r.case_id in wanted:  # a whole-store check, or this case's
             violations.append(Violation(_shown(r.case_id), f"a ref row is damaged: package "
                                         f"id {r.package_id!r}, case id {r.case_id!r}"))
     for row in refs.values():
@@ -123,11 +127,14 @@ def _verify(store: Store, case_ids: Iterable[str] | None,
             violations.append(Violation(f"(package {pkg!r})", f"{n} generation rows have a "
                                         "damaged package id"))
     packages = sorted(counts)
+    dangling: dict[str, tuple[str, Violation]] = {}  # by case: its ref's package, rowless
     for pkg in sorted(set(refs) - set(packages)):
         if wanted is not None and refs[pkg].case_id not in wanted:
             continue  # another case's (``verify CASE`` reported it for every case asked)
-        violations.append(Violation(refs[pkg].case_id, f"ref names package {pkg} which has "
-                                                       "no generations"))
+        said = Violation(refs[pkg].case_id, f"ref names package {pkg} which has no "
+                                            "generations")
+        dangling[refs[pkg].case_id] = (pkg, said)
+        violations.append(said)
     needed: dict[str, _Need] = {}
     referenced: set[str] = set()
     n_cases = n_gens = 0
@@ -148,6 +155,17 @@ def _verify(store: Store, case_ids: Iterable[str] | None,
         n_cases += 1
         n_gens += len(rows)
         found, manifests = _check_chain(pkg, case_id, rows, ref, needed)
+        owner = manifests[-1].case_id if ref is None and manifests else None
+        if owner is not None and (owner in damaged_refs or owner in dangling):
+            # The package of a ref row reported above (damaged, or naming another package,
+            # as a damaged id read back as text does): one problem of that case, said once.
+            found = [v for v in found if v != _NO_REF.format(pkg=pkg)]
+            if owner in dangling:
+                named, said = dangling.pop(owner)
+                violations.remove(said)
+                found.insert(0, f"its ref row names package {named!r}, not its package "
+                                f"{pkg}")
+            case_id = owner
         if ref is not None and counts[pkg] != len(rows):
             # Rows the package's chain does not reach from its head (format 4): a broken
             # link, or rows added beside the chain.
@@ -167,6 +185,9 @@ def _verify(store: Store, case_ids: Iterable[str] | None,
     orphans = sum(1 for sha, _ in store.blob_files.iter_files() if sha not in referenced)
     temporary = sum(1 for _ in store.blob_files.iter_tmp())
     return VerifyReport(n_cases, n_gens, len(needed), orphans, temporary, tuple(violations))
+
+
+_NO_REF = "package {pkg} has generations but no ref"
 
 
 def _shown(case_id: object) -> str:
@@ -197,7 +218,7 @@ def _check_chain(pkg: str, case_id: str, rows: Sequence[GenerationRow], ref: Cas
     out: list[str] = []
     manifests: list[Manifest] = []
     if ref is None:
-        out.append(f"package {pkg} has generations but no ref")
+        out.append(_NO_REF.format(pkg=pkg))
     previous: Manifest | None = None
     for expected_gen, row in enumerate(rows, start=1):
         g = row.generation

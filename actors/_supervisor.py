@@ -37,6 +37,7 @@ from engine import (
     HYPOTHESES,
     HYPOTHESES_PHASE,
     INTERPRETATION,
+    RETRY_PENDING,
     CaseLocked,
     CaseStatus,
     Config,
@@ -333,15 +334,27 @@ class Engine(Passes):
         a refusal publishes nothing, so a status left READY by intake, RETRY_PENDING by a
         round (before a policy change or a lower max_rounds made the next round
         impossible), or awaiting confirmation would keep the due index offering the case
-        forever. Done after the whole advance: a crash before it leaves the case due,
+        forever. A round not yet due (DEFERRED not_due) gets the RETRY_PENDING status with
+        its due time. Done after the whole advance: a crash before it leaves the case due,
         which only costs a dispatch."""
         r = result.result
-        if r.status not in (COMPLETED, BLOCKED, ERROR):
+        if r.status == DEFERRED and r.reason == "not_due" and r.due_at is not None:
+            # The history's next round is not due, yet the index offered the case: a
+            # status that lost its due time (an import sets READY). Offered again every
+            # locked_retry_s until then (hours), it was a busy loop; the status the round
+            # would have left stops it.
+            status = CaseStatus(status=RETRY_PENDING, phase=r.phase,
+                                reason="providers_unavailable", round=r.round,
+                                max_rounds=r.max_rounds, due_at=r.due_at,
+                                attempt_id=r.attempt_id)
+        elif r.status in (COMPLETED, BLOCKED, ERROR):
+            status = CaseStatus(status=r.status, phase=r.phase, reason=str(r.reason))
+        else:
             return result
         ref, snap = await self.store.head(result.case_id)
         s = ref.status
-        if s is None or (s.status, s.phase, s.reason) != (r.status, r.phase, r.reason):
-            status = CaseStatus(status=r.status, phase=r.phase, reason=str(r.reason))
+        if s is None or (s.status, s.phase, s.reason, s.due_at) != (
+                status.status, status.phase, status.reason, status.due_at):
             await snap.set_status(status)
             self._step(result.case_id, "settle", status, ref.analysis_revision,
                        ref.generation)

@@ -319,6 +319,46 @@ class TestNothingSpinsNothingStarves:
             assert status is not None and (status.status, status.reason) == want[1:]
             nursery.cancel_scope.cancel()
 
+    async def test_a_retry_whose_status_lost_its_due_time_waits_for_it(
+            self, tmp_path: Path, clock: trio.abc.Clock) -> None:
+        """A case whose next round is due in two minutes but whose status says READY (what an
+        import of it sets) was dispatched every 0.2 s until then (DEFERRED not_due,
+        each taking its lease and reading its history). It is dispatched once: that
+        result gives it the RETRY_PENDING status, with the round's due time, and the
+        round runs when due."""
+        from engine import CaseStatus
+
+        DELAY = 120.0
+
+        async with trio.open_nursery() as nursery:
+            server = await _server(nursery)
+            server.mode_for = lambda r: "503" if not server.requests[1:] else None
+            first = await _serving(nursery, tmp_path, server, base_delay_s=DELAY)
+            await intake_many(first, tmp_path, ["IMP-1"])
+            with trio.fail_after(30):
+                pending = (await first.results.receive()).result
+            assert (pending.status, pending.due_at is not None) == ("RETRY_PENDING", True)
+            snap = await first.store.snapshot("IMP-1")
+            await snap.set_status(CaseStatus(status="READY", phase=pending.phase,
+                                             reason="imported"))
+            nursery.cancel_scope.cancel()
+        async with trio.open_nursery() as nursery:
+            server = await _server(nursery)
+            engine = await _serving(nursery, tmp_path, server, base_delay_s=DELAY)
+            results = []
+            with trio.move_on_after(DELAY / 2):
+                async for r in engine.results:
+                    results.append((r.result.status, r.result.reason))
+            assert results == [("DEFERRED", "not_due")], results[:5]
+            status = (await engine.store.case("IMP-1")).status
+            assert status is not None and status.status == "RETRY_PENDING"
+            assert status.due_at == pending.due_at
+            with trio.fail_after(2 * DELAY):
+                while (r := await engine.results.receive()).result.status != "COMPLETED":
+                    pass
+            assert len(server.requests) == 2  # the retry and the hypotheses, once each
+            nursery.cancel_scope.cancel()
+
     @pytest.mark.parametrize("how", ["run_until_idle", "serve"])
     async def test_cases_held_elsewhere_never_starve_the_rest(
             self, tmp_path: Path, clock: trio.abc.Clock, how: str) -> None:

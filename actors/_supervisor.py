@@ -46,6 +46,7 @@ from engine import (
     VianoError,
     confirm_change,
     hypotheses_paths,
+    validate_case_id,
 )
 
 from ._case_actor import (
@@ -174,7 +175,11 @@ class Engine(Passes):
     async def dispatch(self, case_id: str) -> CaseResult:
         """Advance ``case_id`` as far as it can go now and return where it got to (an error
         of this case is its ERROR result, never an exception). A case already being
-        advanced is joined, not dispatched twice."""
+        advanced is joined, not dispatched twice. An id that is not a case id at all (not
+        text, or against the case-id rule) is refused at once (:class:`InvalidCaseId`):
+        ``dispatch(123)`` was an ERROR result with a number for its case id, and
+        ``dispatch(["X"])`` a TypeError."""
+        validate_case_id(case_id)
         running = self._running.get(case_id)
         if running is None:
             running = self._start(case_id, report=False)
@@ -191,7 +196,9 @@ class Engine(Passes):
         being advanced or waiting for a slot (its result arrives once), or the engine no
         longer takes work. Bounded: a submitted case waits in the engine's queue (an entry,
         no task) until one of the ``concurrency`` slots is free, so however many cases are
-        submitted, at most ``concurrency`` case actors exist."""
+        submitted, at most ``concurrency`` case actors exist. An id that is not a case id
+        is refused at once, as :meth:`dispatch` refuses it."""
+        validate_case_id(case_id)
         if not self.accepting or case_id in self._running:
             return False
         self._start(case_id, report=True)

@@ -74,6 +74,25 @@ class TestEmbeddingApi:
             assert sum(e["event"] == "result" for e in seen) >= 8
         verified(tmp_path / "s")
 
+    @pytest.mark.parametrize("bad", [123, None, b"A-1", ["A-1"], "BAD!", ""],
+                             ids=["int", "none", "bytes", "list", "rule", "empty"])
+    async def test_what_is_no_case_id_is_refused_at_once(
+            self, tmp_path: Path, server: LoopbackServer, bad: Any) -> None:
+        """dispatch(123) was an ERROR result with a number for its case id, and
+        dispatch(["A-1"]) a TypeError from inside the engine; submit the same. Both refuse
+        it as invalid_case_id before anything runs, and the engine goes on."""
+        from engine import InvalidCaseId
+
+        config = batch_config([http_provider("p", "openai", server.openai_url)])
+        async with open_engine(store=tmp_path / "s", config=config, environ=ENV) as engine:
+            await intake_many(engine, tmp_path, ["A-1"])
+            with pytest.raises(InvalidCaseId):
+                await engine.dispatch(bad)
+            with pytest.raises(InvalidCaseId):
+                engine.submit(bad)
+            assert engine.in_flight == 0
+            assert (await engine.dispatch("A-1")).result.status == "COMPLETED"
+
     async def test_without_auto_confirm_a_case_waits_for_a_person(
             self, tmp_path: Path, server: LoopbackServer) -> None:
         config = batch_config([http_provider("p", "openai", server.openai_url)], auto_confirm=False)

@@ -161,6 +161,25 @@ class TestOpening:
                                  "&sslmode=require")
         assert shown == "postgresql://u@h:5/db?sslmode=require"
 
+    @pytest.mark.no_store
+    @pytest.mark.parametrize("url", [
+        "postgresql:///db3?host=/tmp/x&password=S3cr3tPW&bogus=1",
+        "postgresql://pwuser@/db3?password=S3cr3tPW&host=/x%zz",
+        "postgresql://h/db?sslpassword=S3cr3tPW&port=%zz",
+        "postgresql://h/db#password=S3cr3tPW%zz",
+        "postgresql://a@b@c/d?password=S3cr3tPW"])
+    def test_a_url_libpq_cannot_read_shows_none_of_its_parameters(self, url: str) -> None:
+        """Shown from its last '@' on, such a URL kept its query, so a password given as a
+        parameter was printed whole (with any other parameter libpq refuses)."""
+        from engine import display_location
+
+        shown = display_location(url)
+        assert "S3cr3tPW" not in shown and "pwuser" not in shown, shown
+        assert shown.startswith("postgresql://") and shown.endswith("?…"), shown
+        r = run_viano("status", "--json", "--store", url)
+        assert r.returncode == 2, r.stderr
+        assert "S3cr3tPW" not in r.stdout + r.stderr, (r.stdout, r.stderr)
+
     def test_without_the_driver_the_refusal_names_the_extra(self, tmp_path: Path,
                                                             pg_url: str) -> None:
         code = ("import sys; sys.modules['psycopg'] = None\n"

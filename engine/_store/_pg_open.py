@@ -64,8 +64,12 @@ def display_url(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep:
         return "postgresql://(unparseable URL)"
-    redacted = f"{scheme.lower()}://…@{rest.rpartition('@')[2]}" if "@" in rest else \
-        f"{scheme.lower()}://{rest}"
+    # Unreadable: none of its userinfo and none of its parameters, whatever they hold (a
+    # ``?password=`` was printed whole when the rest of the URL did not parse).
+    tail = rest.rpartition("@")[2] if "@" in rest else rest
+    where = re.split(r"[?#]", tail, maxsplit=1)
+    redacted = (f"{scheme.lower()}://" + ("…@" if "@" in rest else "") + where[0] +
+                ("?…" if len(where) > 1 else ""))
     head = rest.split("?", 1)[0]
     if head.count("@") > 1 or ("@" in head and any(c in head.rsplit("@", 1)[0]
                                                     for c in "/#")):

@@ -67,6 +67,22 @@ class Passes:
                                                awaiting_confirmation=confirm))
         return [r.case_id for r in refs]
 
+    async def waiting(self, limit: int) -> list[str]:
+        """Up to ``limit`` case ids with work now, as :meth:`due` finds them, but taking
+        nothing: no lease on a backend that hands each due case to one worker. For
+        counting (a progress bar's total): ``batch --all`` leased every due case of a
+        shared database just to count them, so the other workers got none, and after a
+        SIGKILL none could resume them for ``lease_s``. It includes cases other workers
+        have claimed: "is there work for me?" is :meth:`due`'s question."""
+        now_trio = trio.current_time()
+        held_back = {c for c, t in self._not_before.items() if t > now_trio}
+        now = self.clock.now()
+        confirm = self.config.interpretation.auto_confirm
+        refs = await self.store.run_sync(
+            lambda: self.store.store.due_cases(now, limit + len(held_back),
+                                               awaiting_confirmation=confirm))
+        return [r.case_id for r in refs if r.case_id not in held_back][:limit]
+
     async def run_until_idle(self, cases: Sequence[str] | None = None, *,
                              on_result: Callable[[CaseResult], None] | None = None,
                              ) -> list[CaseResult]:

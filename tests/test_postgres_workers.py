@@ -124,3 +124,45 @@ def test_four_daemons_share_one_store_and_take_over_a_killed_one(
     assert r.returncode == 0 and json.loads(r.stdout)["ok"], r.stdout
     for w in range(1, WORKERS):
         assert "Traceback" not in (tmp_path / f"worker-{w}.err").read_text()
+
+
+def test_two_batches_share_the_work_of_one_store(pg_url: str, tmp_path: Path) -> None:
+    """``batch --all`` counted the due cases for its progress bar by claiming them: every
+    one was leased to the first batch, and a second batch started beside it found
+    "0 cases" and exited 0 (after a SIGKILL, the same command found none for lease_s).
+    Counting takes no lease now: the second batch takes its share."""
+    blob_root = tmp_path / "shared-blobs"
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    n = 40
+    for i in range(n):
+        (reports / f"T-{i:02d}.txt").write_bytes(f"Crash {i}\nIt crashes.\n".encode())
+    provider = start_provider(tmp_path, write_generic_answers(tmp_path / "answers"),
+                              delay_ms=150)
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        configs = [_config(tmp_path, pg_url, blob_root, provider.port, w) for w in (0, 1)]
+        r = run_viano("intake", "--config", configs[0], "--batch", reports, "--json")
+        assert r.returncode == 0, r.stderr
+        for w in (0, 1):
+            procs.append(subprocess.Popen(
+                [*VIANO, "batch", "--all", "--json", "--config", str(configs[w]),
+                 "--concurrency", "2"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env()))
+            if w == 0:  # the first has counted its cases and is at work
+                _wait_for("the first batch's calls",
+                          lambda: sum(worker_of(c) == "w0" for c in provider.calls) >= 2, 120)
+        outs = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+        provider.stop()
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    done = [{r["case_id"] for r in json.loads(o[0])["results"]
+             if r["status"] == "COMPLETED"} for o in outs]
+    assert done[1], "the second batch found no case: the first had leased them all"
+    assert len(done[0] | done[1]) == n and not done[0] & done[1], done
+    r = run_viano("verify", "--config", configs[0], "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["ok"], r.stdout

@@ -177,7 +177,7 @@ async def _batch_stoppable(args: argparse.Namespace, out: Output, config: Config
                         await engine.store.case(case_id)  # unknown ids: refused first
                     total = len(selection)
                 else:
-                    total = len(await engine.due(1_000_000))
+                    total = len(await engine.waiting(1_000_000))
                 with out.progress_with_text("cases", total) as (advance, set_text):
                     tally = _Tally(out, total, advance, set_text)
                     await _passes(engine, selection, tally, wait=wait, passes=passes)

@@ -267,6 +267,46 @@ def test_an_orphan_gc_may_not_remove_is_named_as_such(
     assert orphan.exists()
 
 
+class TestRowValuesOfTheWrongType:
+    """A manifest or a blob size that is no longer bytes or a count (NULL, text: a
+    changed column, a hand edit) made verify, log and export fail with internal_error
+    (``bytes(None)``, ``int(None)``) on both backends. Each is a violation of verify's
+    now, and the commands that read it refuse with store_corrupt."""
+
+    @pytest.mark.parametrize("damage", ["manifest", "blob size"])
+    def test_verify_names_it_and_the_readers_refuse(
+            self, cli: Cli, tmp_path: Path, store_dir: Path, backend: str,
+            damage: str) -> None:
+        big = tmp_path / "big.log"
+        big.write_bytes(b"x" * 200)
+        r = cli("intake", "--store", store_dir, "--report", _report(tmp_path), "--case-id",
+                "D-1", "--attach", f"diagnostics={big}")
+        assert r.code == 0, r.err
+        pg = backend == "postgresql"
+        if damage == "manifest":
+            if pg:
+                sql(store_dir, "ALTER TABLE generations ALTER COLUMN manifest DROP NOT NULL")
+            sql(store_dir, "UPDATE generations SET manifest = ?", None if pg else "text")
+        else:
+            if pg:
+                sql(store_dir, "ALTER TABLE blobs ALTER COLUMN size DROP NOT NULL")
+            sql(store_dir, "UPDATE blobs SET size = ?", None if pg else "twelve")
+        r = cli("verify", "--json", "--store", store_dir)
+        assert r.code == 1, (r.out, r.err)
+        doc: Any = r.json
+        assert doc["violations"] and {v["case_id"] for v in doc["violations"]} == {"D-1"}, doc
+        r = cli("--json", "log", "D-1", "--store", store_dir)  # it lists what it can read
+        assert r.code == 0, r.out
+        assert ("damaged" in r.out) == (damage == "manifest"), r.out
+        for args in (["export", "D-1", tmp_path / "x.zip"],
+                     ["cat", "D-1", "inputs/big.log"] if damage != "manifest" else
+                     ["show", "D-1"]):
+            r = cli("--json", *args, "--store", store_dir)
+            assert r.code != 0, (args, r.out)
+            error = r.json["error"]  # type: ignore[index]
+            assert error["reason"] == "store_corrupt", (args, error)
+
+
 class TestBlobFilesThatAreNotFiles:
     @pytest.mark.parametrize("kind", ["directory", "fifo", "symlink loop", "dangling symlink"])
     def test_verify_cat_and_export_refuse(self, cli: Cli, tmp_path: Path, store_dir: Path,

@@ -25,7 +25,7 @@ from .._errors import ChangeRejected, InputRejected, NotFound, StorageError, Via
 from ._blobs import input_changed
 from ._crash import crash_point
 from ._manifest import Manifest
-from ._plan import BatchRows, Head, PlanInput
+from ._plan import BatchRows, GenerationRow, Head, PlanInput
 from ._protocol import BlobStorage, CaseRef, StoreStats
 from ._requests import CaseStatus, ImportRequest, Outcome, PublishRequest, Request
 from ._sources import BlobSource, read_verified
@@ -344,6 +344,35 @@ def stored_bytes(value: object) -> bytes | None:
     """A blob column's value as bytes; None for anything else (only a damaged row holds a
     text or a number where bytes belong)."""
     return bytes(value) if isinstance(value, (bytes, bytearray, memoryview)) else None
+
+
+def generation_row(r: Sequence[Any]) -> GenerationRow:
+    """A row of ``package_id, generation, parent, manifest_sha256, manifest, phase,
+    created_at``. A manifest stored as anything but bytes (only a damaged row: NULL, text)
+    reads as ``b""``, which its hash check refuses, so verify, log and export report the
+    damage (``bytes(None)`` failed them all with internal_error)."""
+    raw = stored_bytes(r[4])
+    return GenerationRow(r[0], r[1], r[2], r[3], b"" if raw is None else raw, r[5], r[6])
+
+
+def stored_manifest(row: Sequence[Any] | None, package_id: str, generation: int
+                    ) -> Manifest:
+    """A ``(manifest, manifest_sha256)`` row as :func:`parse_stored_manifest` reads it:
+    no row is no such generation; a damaged value is ``store_corrupt``."""
+    if row is None:
+        return parse_stored_manifest(None, "", package_id, generation)
+    raw = stored_bytes(row[0])
+    return parse_stored_manifest(b"" if raw is None else raw, str(row[1]), package_id,
+                                 generation)
+
+
+def stored_size(value: object, sha256: str) -> int:
+    """A blob row's size; anything but a count (NULL, text: a damaged row) is
+    ``store_corrupt`` naming the blob, never ``int(None)``'s internal_error."""
+    if type(value) is int and value >= 0:
+        return value
+    raise StorageError(f"blob {sha256}'s recorded size is damaged ({value!r})",
+                       reason="store_corrupt", hint="Run 'viano verify' to see what is damaged.")
 
 
 def referenced_hashes(rows: Iterable[tuple[str, int, bytes, str]]) -> set[str]:

@@ -52,14 +52,17 @@ from ._common import (
     ManifestCache,
     check_generation,
     commit_each_alone,
+    generation_row,
     guarded,
-    parse_stored_manifest,
     plan_input,
     prepare_blobs,
     recheck_files,
     ref_from_row,
     ref_row,
     referenced_hashes,
+    stored_bytes,
+    stored_manifest,
+    stored_size,
 )
 from ._crash import crash_point
 from ._manifest import Manifest
@@ -541,7 +544,7 @@ class PostgresStore:
                 "SELECT package_id, generation, parent, manifest_sha256, manifest, phase, "
                 "created_at FROM viano_generations WHERE package_id=%s ORDER BY generation",
                 (package_id,)).fetchall()
-        return [GenerationRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6]) for r in rows]
+        return [generation_row(r) for r in rows]
 
     @guarded
     def stored_generations(self, package_id: str) -> list[GenerationRow]:
@@ -563,9 +566,7 @@ class PostgresStore:
         with translate(self._display, "read a manifest"):
             row = conn.execute("SELECT manifest, manifest_sha256 FROM viano_generations "
                                "WHERE package_id=%s AND generation=%s", key).fetchone()
-        manifest = parse_stored_manifest(None if row is None else bytes(row[0]),
-                                         "" if row is None else row[1], package_id,
-                                         generation)
+        manifest = stored_manifest(row, package_id, generation)
         self._cache.put(manifest)
         return manifest
 
@@ -574,7 +575,7 @@ class PostgresStore:
         with translate(self._display, "read a blob"), self._connection() as conn:
             row = conn.execute("SELECT size, data IS NOT NULL FROM viano_blobs WHERE "
                                "sha256=%s", (bytes.fromhex(sha256),)).fetchone()
-        return None if row is None else BlobInfo(int(row[0]), bool(row[1]))
+        return None if row is None else BlobInfo(stored_size(row[0], sha256), bool(row[1]))
 
     @guarded
     def _stored(self, sha256: str) -> tuple[int, bytes | None]:
@@ -583,7 +584,7 @@ class PostgresStore:
                                (bytes.fromhex(sha256),)).fetchone()
         if row is None:
             raise StorageError(f"blob {sha256} is not in the store", reason="store_corrupt")
-        return int(row[0]), None if row[1] is None else bytes(row[1])
+        return stored_size(row[0], sha256), stored_bytes(row[1])
 
     def read_blob(self, sha256: str) -> bytes:
         with self.open_blob(sha256) as f:

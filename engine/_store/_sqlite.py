@@ -50,15 +50,18 @@ from ._common import (
     check_generation,
     chunks,
     commit_each_alone,
+    generation_row,
     guarded,
     head_from_row,
-    parse_stored_manifest,
     plan_input,
     prepare_blobs,
     recheck_files,
     ref_from_row,
     ref_row,
     referenced_hashes,
+    stored_bytes,
+    stored_manifest,
+    stored_size,
 )
 from ._crash import crash_point
 from ._lock import flock_lease
@@ -532,7 +535,7 @@ class SqliteStore:
                 "SELECT package_id, generation, parent, manifest_sha256, manifest, phase, "
                 "created_at FROM generations WHERE package_id=? ORDER BY generation",
                 (package_id,)).fetchall()
-        return [GenerationRow(r[0], r[1], r[2], r[3], bytes(r[4]), r[5], r[6]) for r in rows]
+        return [generation_row(r) for r in rows]
 
     @guarded
     def stored_generations(self, package_id: str) -> list[GenerationRow]:
@@ -558,9 +561,7 @@ class SqliteStore:
             else:
                 row = conn.execute("SELECT manifest, manifest_sha256 FROM generations WHERE "
                                    "package_id=? AND generation=?", key).fetchone()
-        manifest = parse_stored_manifest(None if row is None else bytes(row[0]),
-                                         "" if row is None else row[1], package_id,
-                                         generation)
+        manifest = stored_manifest(row, package_id, generation)
         self._cache.put(manifest)
         return manifest
 
@@ -573,7 +574,7 @@ class SqliteStore:
     def blob_info(self, sha256: str) -> BlobInfo | None:
         with translate("read a blob"):
             row = self._find(sha256, "size, data IS NOT NULL")
-        return None if row is None else BlobInfo(row[0], bool(row[1]))
+        return None if row is None else BlobInfo(stored_size(row[0], sha256), bool(row[1]))
 
     @guarded
     def _stored(self, sha256: str) -> tuple[int, bytes | None]:
@@ -581,7 +582,7 @@ class SqliteStore:
             row = self._find(sha256, "size, data")
         if row is None:
             raise StorageError(f"blob {sha256} is not in the store", reason="store_corrupt")
-        return int(row[0]), None if row[1] is None else bytes(row[1])
+        return stored_size(row[0], sha256), stored_bytes(row[1])
 
     def read_blob(self, sha256: str) -> bytes:
         """The blob's bytes, checked against its name: a damaged blob is ``store_corrupt``,

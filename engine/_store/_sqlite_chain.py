@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._errors import StorageError
-from ._common import REF_COLUMNS, stored_bytes
+from ._common import REF_COLUMNS, generation_row
 from ._plan import BatchRows, GenerationRow
 
 NO_PARENT = 0
@@ -39,9 +39,7 @@ def _corrupt(message: str) -> StorageError:
     return StorageError(message, reason="store_corrupt", hint=_HINT)
 
 
-def _row(r: Sequence[Any]) -> GenerationRow:
-    raw = stored_bytes(r[4])  # None only for a damaged row: its hash check refuses b""
-    return GenerationRow(r[0], r[1], r[2], r[3], b"" if raw is None else raw, r[5], r[6])
+_row = generation_row
 
 
 def _ref(conn: sqlite3.Connection, package_id: str) -> tuple[Any, Any] | None:

@@ -42,11 +42,16 @@ def run() -> None:
     previous = {sig: signal.signal(sig, lambda signum, _frame: pressed.append(signum))
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        from viano_bug_analysis.cli import interrupted_at_start
+        from viano_bug_analysis.cli import interrupted_at_start, terminate_as_ctrl_c
         from viano_bug_analysis.cli import run as start
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if pressed:
         sys.exit(interrupted_at_start(sys.argv[1:]))
+    # From here until the command sets its own (while it parses its arguments and reads
+    # its configuration), a SIGTERM is a Ctrl-C too: with Python's default it ended the
+    # process with exit 143 and nothing said, no JSON document under --json.
+    if previous[signal.SIGTERM] in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, terminate_as_ctrl_c)
     start()

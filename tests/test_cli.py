@@ -188,6 +188,40 @@ run()
             assert proc.stdout == ""
         assert not store.exists()
 
+    # A signal while the command line is parsed and the configuration read: after the
+    # imports (viano_main's guard is gone), before the command sets its own handlers.
+    PARSING_SIGNAL = """
+import os, signal, sys
+import viano_bug_analysis.cli as cli
+sig = getattr(signal, sys.argv.pop(1))
+real = cli.parse
+def parse(argv):
+    os.kill(os.getpid(), sig)
+    return real(argv)
+cli.parse = parse
+from viano_main import run
+run()
+"""
+
+    @pytest.mark.no_store
+    @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+    @pytest.mark.parametrize("as_json", [True, False])
+    def test_a_signal_while_the_arguments_are_read_is_an_interruption(
+            self, tmp_path: Path, sig: str, as_json: bool) -> None:
+        """A SIGTERM there ended the process with exit 143 and nothing said, no JSON
+        document under --json (a daemon stopped half a second after its start)."""
+        store = tmp_path / "s"
+        proc = subprocess.run([PYTHON, "-c", self.PARSING_SIGNAL, sig, "status", "--store",
+                               store, *(["--json"] if as_json else [])], capture_output=True,
+                              text=True, env=child_env(), timeout=120, check=False)
+        assert proc.returncode == 130, (proc.returncode, proc.stderr)
+        assert "Traceback" not in proc.stderr and "error[interrupted]" in proc.stderr
+        if as_json:
+            assert json.loads(proc.stdout)["error"]["reason"] == "interrupted"
+        else:
+            assert proc.stdout == ""
+        assert not store.exists()
+
     # A signal that comes once the command has returned: as its event log closes, or as
     # the interpreter shuts down (atexit), the moments a Ctrl-C just after the result
     # lands in.

@@ -66,14 +66,7 @@ def _terminate_as_interrupt(*, then_deaf: bool = False) -> Iterator[None]:
     if own_int:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    def deliver(_signum: int, frame: types.FrameType | None) -> None:
-        handler = signal.getsignal(signal.SIGINT)
-        if callable(handler):
-            handler(signal.SIGINT, frame)
-        else:
-            raise KeyboardInterrupt
-
-    previous_term = signal.signal(signal.SIGTERM, deliver)
+    previous_term = signal.signal(signal.SIGTERM, terminate_as_ctrl_c)
     try:
         yield
     finally:
@@ -86,6 +79,16 @@ def _terminate_as_interrupt(*, then_deaf: bool = False) -> Iterator[None]:
                           else signal.SIG_DFL)
             if own_int:
                 signal.signal(signal.SIGINT, previous_int)
+
+
+def terminate_as_ctrl_c(_signum: int, frame: types.FrameType | None) -> None:
+    """A SIGTERM handler: delivered to whichever SIGINT handler is in place (Python's, or
+    trio's inside ``trio.run``), or a KeyboardInterrupt where SIGINT has none."""
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+    else:
+        raise KeyboardInterrupt
 
 
 def _deaf_to_signals() -> None:

@@ -1,6 +1,7 @@
 """The LLM phases: the durable protocol they share (written once), case interpretation,
 and the case operations between dispatches."""
 
+import itertools
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -150,6 +151,8 @@ def _phase_problems(read: Callable[[str], bytes], open_: Callable[[str], BinaryI
         return []
     view = PackageView(manifests[-1], read, open_)
     out: list[str] = _intake_problems(view, manifests[0])
+    if _made_by_intake(manifests[0], manifests[-1]):
+        out += _revision_problems(view, manifests)
     for spec in SPECS.values():
         for rev in range(1, manifests[-1].analysis_revision + 1):
             out += [f"revision {rev}: {p}" for p in history_problems(spec, view, rev)]
@@ -214,6 +217,56 @@ def _intake_problems(view: PackageView, first: Manifest) -> list[str]:
         other = sorted(p for p in set(held) & set(listed) if held[p] != listed[p])
         out.append(f"the package's originals are not those {path} lists (not listed: "
                    f"{unlisted[:3]}, missing: {missing[:3]}, other bytes: {other[:3]})")
+    return out
+
+
+REVISIONS = "analysis/revisions/"
+
+
+def _revision_problems(view: PackageView, manifests: Sequence[Manifest]) -> list[str]:
+    """Every analysis revision after the first was made by ``reopen``: in the generation
+    that raised the revision by one, which added its record, and no other record is
+    there. An import could otherwise plant a later revision's record (the case could then
+    never be reopened: the path is write-once), raise the revision with no record, or
+    point ``revision`` anywhere; verify passed them all."""
+    m = view.manifest
+    out: list[str] = []
+    wanted = {f"{REVISIONS}{r:04d}.json": r for r in range(2, m.analysis_revision + 1)}
+    stray = sorted(p for p in m.paths_under(REVISIONS) if p not in wanted)
+    if stray:
+        out.append(f"{', '.join(stray[:3])} {'is' if len(stray) == 1 else 'are'} no record "
+                   f"of a revision reopened before revision {m.analysis_revision}")
+    pointer = m.pointers.get("revision")
+    expected = f"{REVISIONS}{m.analysis_revision:04d}.json" if m.analysis_revision > 1 \
+        else None
+    if pointer != expected:
+        out.append(f"the revision pointer is {pointer!r}, not {expected!r}")
+    for parent, child in itertools.pairwise(manifests):
+        rev = child.analysis_revision
+        if rev == parent.analysis_revision:
+            continue
+        path = f"{REVISIONS}{rev:04d}.json"
+        if rev != parent.analysis_revision + 1 or path in parent.files or \
+                path not in child.files or child.phase != REOPENED:
+            out.append(f"generation {child.package_generation} raised the revision from "
+                       f"{parent.analysis_revision} to {rev} without reopening it")
+    for path, rev in wanted.items():
+        if path not in m.files:
+            out.append(f"revision {rev} has no record of its reopening ({path})")
+            continue
+        try:
+            doc = view.read_object(path)
+        except HistoryProblem as exc:
+            out.append(str(exc))
+            continue
+        fields = {"format": "viano-revision/1", "analysis_revision": rev,
+                  "previous_revision": rev - 1}
+        wrong = [k for k, v in fields.items() if doc.get(k) != v or type(doc.get(k)) is not
+                 type(v)]
+        wrong += [k for k in ("previous_phase", "reason", "reopened_by", "reopened_at")
+                  if not isinstance(doc.get(k), str)]
+        if wrong:
+            out.append(f"{path} is not the record reopen writes ({', '.join(wrong)})")
     return out
 
 

@@ -121,6 +121,7 @@ from ._phases import load_state as load_state
 from ._phases import normalized as normalized
 from ._phases import person as person
 from ._phases import phase_dir as phase_dir
+from ._phases import policy_like as policy_like
 from ._phases import prompt_for as prompt_for
 from ._phases import provider_statistics as provider_statistics
 from ._phases import reopen_change as reopen_change

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
+from engine import artifact_json
 from tests.conftest import VIANO, Cli, run_viano, snapshot
 from tests.store_helpers import forge_generation
 
@@ -320,6 +321,55 @@ class TestPhaseHistories:
         ok = cli("import", "--store", dest, good, "--json")
         assert ok.code == 0, ok.out
         assert cli("verify", "--store", dest).code == 0
+
+
+def _with_file(good: Path, dest: Path, path: str, edit: Callable[[Doc], Doc]) -> Path:
+    """An export whose ``path`` (a JSON document) is ``edit``-ed, in every generation that
+    holds it, with the blob and every hash made to match."""
+    with zipfile.ZipFile(good) as z:
+        docs = [json.loads(z.read(n)) for n in sorted(z.namelist())
+                if n.startswith("manifests/")]
+        old = next(d["files"][path] for d in reversed(docs) if path in d["files"])
+        data = artifact_json(edit(json.loads(z.read(f"blobs/{old['sha256']}"))))
+    entry = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    crafted = _craft(good, dest, manifests=lambda ds: [_encode(
+        {**d, "files": {**d["files"], path: entry}} if path in d["files"] else d)
+        for d in ds])
+    with zipfile.ZipFile(crafted) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    used = {e["sha256"] for n, raw in members.items() if n.startswith("manifests/")
+            for e in json.loads(raw)["files"].values()}
+    members = {n: b for n, b in members.items()
+               if not n.startswith("blobs/") or n[6:] in used}  # the old one, if unused
+    members[f"blobs/{entry['sha256']}"] = data
+    with zipfile.ZipFile(crafted, "w") as z:
+        for name, b in members.items():
+            z.writestr(name, b)
+    return crafted
+
+
+class TestWhoAndWhenARecordSays(TestPhaseHistories):
+    """A confirmation's "by" and "at" were checked only for being strings: an import
+    could record a policy's name no policy has ("policy:evil" with a right-to-left
+    override) or a time that is none, and verify passed it."""
+
+    @pytest.mark.parametrize("field, value", [
+        ("confirmed_by", "policy:evil\u202e"), ("confirmed_by", "policy:auto_confirm "),
+        ("confirmed_by", "\u200b"), ("confirmed_by", "x" * 129),
+        ("confirmed_at", "1999-99-99"), ("confirmed_at", "yesterday")])
+    def test_a_confirmation_viano_would_not_write_is_refused(
+            self, cli: Cli, sample: Path, tmp_path: Path, field: str, value: str) -> None:
+        good = self._analysed(cli, sample, tmp_path)
+        path = "analysis/interpretation/0001/confirmation.json"
+        forged = _with_file(good, tmp_path / "forged.zip", path,
+                            lambda doc: {**doc, field: value})
+        r = cli("import", "--store", tmp_path / "dest", forged, "--json")
+        assert r.code == 2, r.out
+        assert r.json["error"]["reason"] == "invalid_export", r.out  # type: ignore[index]
+        assert "the confirmation does not bind" in r.out, r.out
+        # The helper itself makes an export that imports when nothing is changed.
+        same = _with_file(good, tmp_path / "same.zip", path, lambda doc: doc)
+        assert cli("import", "--store", tmp_path / "ok", same).code == 0
 
 
 def _intake_edit(label: str) -> Callable[[list[Doc]], list[bytes]]:

@@ -51,6 +51,8 @@ from ._protocol import attempt_hash as attempt_hash
 from ._protocol import decide as decide
 from ._protocol import due_delay as due_delay
 from ._protocol import phase_dir as phase_dir
+from ._records import policy_like as policy_like
+from ._records import recorded_at_ok, recorded_by_ok
 from ._report import report_document as report_document
 from ._report import report_markdown as report_markdown
 from ._runner import enter_change as enter_change
@@ -263,8 +265,9 @@ def _revision_problems(view: PackageView, manifests: Sequence[Manifest]) -> list
                   "previous_revision": rev - 1}
         wrong = [k for k, v in fields.items() if doc.get(k) != v or type(doc.get(k)) is not
                  type(v)]
-        wrong += [k for k in ("previous_phase", "reason", "reopened_by", "reopened_at")
-                  if not isinstance(doc.get(k), str)]
+        wrong += [k for k in ("previous_phase", "reason") if not isinstance(doc.get(k), str)]
+        wrong += [] if recorded_by_ok(doc.get("reopened_by")) else ["reopened_by"]
+        wrong += [] if recorded_at_ok(doc.get("reopened_at")) else ["reopened_at"]
         if wrong:
             out.append(f"{path} is not the record reopen writes ({', '.join(wrong)})")
     return out

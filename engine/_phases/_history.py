@@ -46,6 +46,7 @@ from ._protocol import (
     exhausted_by,
     phase_dir,
 )
+from ._records import recorded_at_ok, recorded_by_ok
 from ._spec import PhaseSpec, paths, policy_bytes
 from ._view import HistoryProblem, PackageView
 
@@ -245,8 +246,8 @@ class _Audit:
                     and doc.get("analysis_revision") == self.rev
                     and doc.get("series") == s and doc.get("after_series") == s - 1
                     and doc.get("after_rounds") == len(before)
-                    and isinstance(doc.get("unblocked_by"), str)
-                    and isinstance(doc.get("unblocked_at"), str)):
+                    and recorded_by_ok(doc.get("unblocked_by"))
+                    and recorded_at_ok(doc.get("unblocked_at"))):
                 self.problem(f"{path} is not an unblock this phase recorded")
 
     def _rejections(self, rounds: Sequence[RoundInfo], docs: Mapping[str, Mapping[str, Any]],

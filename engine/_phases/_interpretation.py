@@ -30,6 +30,7 @@ from .._text import (
 from ._case import CaseRecord, catalogue_for_prompt, excerpts, human_texts, read_case
 from ._memo import remembered_problems
 from ._protocol import ERROR, DispatchRequest, Refusal, phase_dir
+from ._records import recorded_at_ok, recorded_by_ok
 from ._spec import Accepted, Problem, strict_attrs
 from ._validate import MISSING, Checker
 from ._view import HistoryProblem, PackageView
@@ -334,8 +335,8 @@ def _interpretation_problems(view: PackageView, revision: int) -> list[str]:
                     conf.get("interpretation") != {"path": p["interpretation"],
                                                    "sha256": view.sha(p["interpretation"])} or \
                     conf.get("analysis_revision") != revision or \
-                    not isinstance(conf.get("confirmed_by"), str) or \
-                    not isinstance(conf.get("confirmed_at"), str):
+                    not recorded_by_ok(conf.get("confirmed_by")) or \
+                    not recorded_at_ok(conf.get("confirmed_at")):
                 out.append("the confirmation does not bind this interpretation")
         return out
     except HistoryProblem as exc:

@@ -5,8 +5,6 @@ durable state does not allow it."""
 
 from __future__ import annotations
 
-import re
-
 from .._canonical import artifact_json, utc_now_iso
 from .._errors import PhaseRefused, UsageError
 from .._store import BytesSource, CaseStatus, Change
@@ -15,19 +13,11 @@ from .._text import is_blank, is_utf8
 from ._interpretation import PHASE as INTERPRETATION_PHASE
 from ._interpretation import artifact_paths, confirmation_bytes, interpretation_problems
 from ._protocol import blocked_series, exhausted_by, parse_rounds, phase_dir
+from ._records import person
 from ._spec import PhaseSpec
 from ._view import PackageView, remember_written
 
 REOPENED = "REOPENED"
-_NAME = re.compile(r"[^\x00-\x1f\x7f-\x9f]{1,128}")
-
-
-def person(name: str, what: str = "--by") -> str:
-    """A name recorded in an artifact: 1-128 printable characters, not blank (nothing in
-    it shows: the rule a model's strings are held to, ``is_blank``), UTF-8 text."""
-    if is_blank(name) or _NAME.fullmatch(name) is None or not is_utf8(name):
-        raise UsageError(f"{what} must be 1-128 printable characters, not blank")
-    return name
 
 
 def _reason(text: str) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import unicodedata
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +37,7 @@ from engine import (
     confirm_change,
     interpretation_paths,
     person,
+    policy_like,
     reopen_change,
     terminal_safe,
     unblock_change,
@@ -161,11 +161,7 @@ def _who(args: argparse.Namespace) -> str:
         # Checked before anything is read: an empty --by was taken as no --by (the login
         # was recorded), and on a case confirmed already a bad one was never checked.
         by = person(str(args.by))
-        # As it reads: compatibility forms folded (a fullwidth letter), and what shows as
-        # nothing (format characters: a zero-width space, an invisible separator) dropped.
-        seen = "".join(c for c in unicodedata.normalize("NFKC", by)
-                       if unicodedata.category(c) != "Cf")
-        if seen.strip().casefold().startswith("policy:"):
+        if policy_like(by):
             raise UsageError(f"--by {terminal_safe(repr(by))}: names starting with 'policy:' are "
                              "the engine's own (what a policy did)",
                              hint="Give your own name, or leave --by out to use your login.")

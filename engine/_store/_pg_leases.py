@@ -101,6 +101,7 @@ class Leases:
         self._thread: threading.Thread | None = None
         self.renewals = 0
         self.lost = 0
+        self._took_any = False  # a lease or a claim was ever taken: close gives them back
 
     @property
     def held(self) -> list[str]:
@@ -116,6 +117,7 @@ class Leases:
         statement: the server set the expiry after it)."""
         now = time.monotonic() if at is None else at
         with self._lock:
+            self._took_any = self._took_any or bool(case_ids)
             for case in [c for c, t in self._claimed.items() if now - t > self.lease_s]:
                 del self._claimed[case]
             for case in case_ids:
@@ -157,8 +159,11 @@ class Leases:
 
     def _take(self, case_id: str) -> bool:
         with self.connect() as conn:
-            return conn.execute(TAKE, {"case": case_id, "me": self.holder,
-                                       "lease": self.lease_s}).fetchone() is not None
+            taken = conn.execute(TAKE, {"case": case_id, "me": self.holder,
+                                        "lease": self.lease_s}).fetchone() is not None
+        with self._lock:
+            self._took_any = self._took_any or taken
+        return taken
 
     def still_held(self, case_id: str) -> bool:
         """Before a step: False if this handle holds ``case_id`` but has lost it. When the
@@ -239,6 +244,9 @@ class Leases:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        with self._lock:
+            if not self._took_any:  # nothing to give back (a reader; a role that may only
+                return              # read, which was warned on every command it ran)
         try:
             with self.connect() as conn:
                 conn.execute(RELEASE_ALL, {"me": self.holder})

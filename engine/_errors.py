@@ -28,7 +28,7 @@ happened, a ``hint`` saying what to do next, and the CLI exit code it maps to::
     │                                  not_blocked, package_mismatch, unsupported_history
     ├── CaseLocked                     locked (exit 11: DEFERRED, try again later)
     ├── StorageError                   store_corrupt, store_unavailable, store_format,
-    │                                  store_read_only
+    │                                  store_read_only, store_replaced
     └── GatewayError                   gateway_cancelled, gateway_closed
 
 Lower-layer errors (sqlite3, zipfile, OSError, cattrs, trio) are translated at the boundary

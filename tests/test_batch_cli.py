@@ -574,6 +574,31 @@ def test_a_daemon_whose_stderr_is_full_goes_on(tmp_path: Path, answers: Path) ->
 
 
 class TestDaemonEndings:
+    @pytest.mark.sqlite_only  # a store folder, removed under the daemon
+    async def test_a_store_removed_under_the_daemon_stops_it(
+            self, tmp_path: Path, slow_provider: Provider) -> None:
+        """The store folder removed (and another store made in its place) while the daemon
+        runs: it went on with the removed database, dispatching into files nobody could
+        read again, never saw the new store's cases and exited 0. It stops now, saying
+        store_replaced, and the new store is left as it was."""
+        import shutil
+
+        store = tmp_path / "s"
+        await _intake(store, tmp_path, ["OLD-1"])
+        env = _env(_config(tmp_path, slow_provider.port))
+        proc = _Process("daemon", "--store", store, "--poll-s", "0.05", env=env)
+        proc.until(lambda seen: "OLD-1" in _completed(seen))
+        shutil.rmtree(store)
+        await _intake(store, tmp_path, ["NEW-1"])
+        rc, err = proc.finish(timeout=60)
+        assert rc == 1, err
+        assert "store_replaced" in err, err
+        check = open_ro(store)
+        try:
+            [ref] = check.list_cases()
+            assert (ref.case_id, ref.generation) == ("NEW-1", 1)
+        finally:
+            check.close()
     async def test_a_second_signal_during_shutdown_is_ignored_and_json_summarises(
             self, tmp_path: Path, slow_provider: Provider) -> None:
         """SIGTERM, then SIGINT and SIGTERM again at once: still exit 0, with --json one

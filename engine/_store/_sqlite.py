@@ -137,6 +137,7 @@ class SqliteStore:
         self._committed = Committed()
         self._gate = Gate(str(root))
         self._locks = str(root / "locks")
+        self._identity = _identity(self.db_path)
 
     # -- opening ---------------------------------------------------------------------
 
@@ -249,7 +250,20 @@ class SqliteStore:
         """
         return commit_each_alone(self._commit, requests, _value_error)
 
+    def still_there(self) -> None:
+        """Refuse to go on with a store whose database was removed or replaced since it
+        was opened (``rm -r`` of the folder, a restore over it): what this process
+        wrote would go to the removed file, acknowledged and lost, and what it read would
+        not be the store that is there now. A daemon went on so for as long as it ran."""
+        if _identity(self.db_path) != self._identity:
+            raise StorageError(f"the store's database {self.db_path} was removed or replaced "
+                               "while this process had it open; nothing more is written "
+                               "to it", reason="store_replaced",
+                               hint="Run the command again: it opens the store that is "
+                                    "there now.")
+
     def _commit(self, requests: Sequence[Request]) -> list[Outcome]:
+        self.still_there()
         refused: list[VianoError | None] = [None] * len(requests)
         inline: dict[str, bytes] = {}
         large: Large = {}
@@ -493,6 +507,7 @@ class SqliteStore:
                   awaiting_confirmation: bool = False) -> list[CaseRef]:
         """The due cases not in ``skip``: the case lease (``flock``) is taken at dispatch,
         and a case held by another process costs a DEFERRED ``locked`` there."""
+        self.still_there()  # every pass of a batch or a daemon asks here first
         left_out = set(skip)
         refs = self.due_cases(now, limit + len(left_out),
                               awaiting_confirmation=awaiting_confirmation)
@@ -606,6 +621,15 @@ class _Exclusive:
     def referenced_hashes(self) -> set[str]:
         return referenced_hashes(self.conn.execute(
             "SELECT package_id, generation, manifest, manifest_sha256 FROM generations"))
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """Which file ``path`` is now (device and inode), or None if there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _value_error(exc: BaseException) -> bool:

@@ -321,7 +321,7 @@ def driver_error(exc: Exception, shown: str, doing: str) -> VianoError:
     import psycopg_pool
 
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if doing.startswith("connect") and re.search(r'database "[^"]*" does not exist', str(exc)):
+    if re.search(r'database "[^"]*" does not exist', str(exc)):  # at any step: dropped
         return NotFound(f"no store at {shown}: the database does not exist", reason="no_store",
                         hint="Check the database's name in the URL, or create it (CREATE "
                              "DATABASE …) and take cases in with 'viano intake'.")

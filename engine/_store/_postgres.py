@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -89,17 +90,38 @@ if TYPE_CHECKING:
 log = logging.getLogger("viano.store")
 
 
+_GONE: dict[str, threading.Event] = {}  # a store's pool name -> its database is gone
+_POOL_NAME = re.compile(r"error connecting in '([^']+)'")
+_NO_DATABASE = re.compile(r'database "[^"]*" does not exist')
+
+
 class _QuietPool(logging.Filter):
-    """psycopg_pool warns about every broken connection it drops; the store reports the
-    failure itself (store_unavailable, with a hint), so those lines are noise to a user."""
+    """psycopg_pool warns about every broken connection it drops and every reconnection
+    that fails; the store reports the failure itself (store_unavailable, with a hint), so
+    those lines are noise to a user (a database dropped mid-batch gave one per attempt).
+    A reconnection refused because the database no longer exists marks its store's
+    database gone: its reads then fail at once as no_store, not each after the pool's
+    30 s wait."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "discarding closed connection" not in record.getMessage()
+        message = record.getMessage()
+        if "discarding closed connection" in message:
+            return False
+        failed = _POOL_NAME.match(message)
+        if failed is None:
+            return True
+        if _NO_DATABASE.search(message):
+            gone = _GONE.get(failed.group(1))
+            if gone is not None:
+                gone.set()
+        return False
 
 
 logging.getLogger("psycopg.pool").addFilter(_QuietPool())
 
 POOL_SIZE = 8
+POOL_WAIT_S = 30.0  # how long a read waits for a pooled connection (a server restart)
+POOL_STEP_S = 0.5
 LEASE_S = 30.0
 WRITE_LOCK = 0x5649414E4F01  # pg_advisory_xact_lock key: every commit and gc take it
 
@@ -148,10 +170,13 @@ class PostgresStore:
                 return super().executemany(*a, **kw)
 
         self._cursor = Counting
+        self._pool_name = name = f"viano-{uuid.uuid4().hex[:8]}"
+        self._gone = _GONE[name] = threading.Event()
+        self._pool_timeout = pool_driver.PoolTimeout
         self._pool: psycopg_pool.ConnectionPool[Any] = pool_driver.ConnectionPool(
             conninfo(pg, url, writable), min_size=1, max_size=POOL_SIZE,
             kwargs={"autocommit": True, "cursor_factory": Counting}, open=False,
-            name="viano")
+            name=name)
         with translate(self._display, "connect to the store"):
             self._pool.open(wait=True, timeout=30.0)
         holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -204,8 +229,32 @@ class PostgresStore:
         if conn is not None:
             yield conn
             return
-        with self._pool.connection() as conn:
+        conn = self._getconn()
+        try:
             yield conn
+        finally:
+            self._pool.putconn(conn)
+
+    def _getconn(self) -> Any:
+        """A pooled connection, waiting up to POOL_WAIT_S for one in short steps, so that a
+        database found gone meanwhile (the pool's reconnection says so) ends the wait."""
+        deadline = time.monotonic() + POOL_WAIT_S
+        while True:
+            if self._gone.is_set():
+                raise self._no_database()
+            left = deadline - time.monotonic()
+            try:
+                return self._pool.getconn(timeout=max(0.01, min(POOL_STEP_S, left)))
+            except self._pool_timeout:
+                if left <= POOL_STEP_S:
+                    if self._gone.is_set():
+                        raise self._no_database() from None
+                    raise
+
+    def _no_database(self) -> NotFound:
+        return NotFound(f"no store at {self._display}: the database does not exist (it "
+                        "was dropped while this process used it)", reason="no_store",
+                        hint="Restore or recreate the database, then run the command again.")
 
     def count(self, statements: int) -> None:
         with self._count_lock:
@@ -233,6 +282,7 @@ class PostgresStore:
             self._writer.close()
             self._writer = None
         self._pool.close()
+        _GONE.pop(self._pool_name, None)
 
     # -- writing ---------------------------------------------------------------------
 

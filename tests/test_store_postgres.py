@@ -218,6 +218,30 @@ class TestOpening:
                 ] == ["BUG-20"]
 
 
+class TestASchemaChangedBehindTheStore:
+    @pytest.mark.parametrize(("damage", "named"), [
+        ("DROP TABLE viano_leases", "the table viano_leases is missing"),
+        ("ALTER TABLE viano_refs DROP COLUMN calls_started",
+         "the column viano_refs.calls_started is missing"),
+        ("ALTER TABLE viano_refs ALTER COLUMN generation TYPE text",
+         "the column viano_refs.generation is text, not bigint")])
+    def test_verify_and_gc_name_it(self, cli: Cli, pg_url: str, tmp_path: Path,
+                                   sample: Path, damage: str, named: str) -> None:
+        """verify said ok with viano_leases dropped (while batch said store_corrupt, "run
+        viano verify"), failed on its own reads with a column dropped, and reported every
+        case's ref as wrong with a column's type changed. It names the schema's damage."""
+        cfg = _config(tmp_path, pg_url, tmp_path / "b")
+        assert cli("intake", "--config", cfg, "--report", sample / "report.json").code == 0
+        r = cli("verify", "--json", "--config", cfg)
+        assert r.code == 0, r.out  # what the store makes is what it expects
+        _exec(pg_url, damage)
+        for args in (["verify"], ["gc"]):
+            r = cli(*args, "--json", "--config", cfg)
+            assert r.code == 1, (args, r.out)
+            error = r.json["error"]  # type: ignore[index]
+            assert error["reason"] == "store_corrupt" and named in error["message"], (args, error)
+
+
 class TestADatabaseDroppedUnderAStore:
     def test_reads_and_writes_say_no_store_at_once(
             self, pg_url: str, pg_server: str, tmp_path: Path,

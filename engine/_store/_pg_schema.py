@@ -45,6 +45,47 @@ CREATE TABLE viano_leases (
 """
 
 
+# What SCHEMA makes, as information_schema.columns reports it (a test holds the two
+# together): verify and gc judge the store by these tables, so a table dropped or a column
+# changed behind the store's back is a refusal of theirs, not "ok".
+COLUMNS: dict[str, dict[str, str]] = {
+    "viano_meta": {"key": "text", "value": "text"},
+    "viano_blobs": {"sha256": "bytea", "size": "bigint", "data": "bytea"},
+    "viano_generations": {"package_id": "text", "generation": "bigint", "parent": "bigint",
+                          "manifest_sha256": "text", "manifest": "bytea", "phase": "text",
+                          "created_at": "text"},
+    "viano_refs": {"package_id": "text", "case_id": "text", "generation": "bigint",
+                   "phase": "text", "analysis_revision": "bigint", "updated_at": "text",
+                   "status": "text", "status_phase": "text", "reason": "text",
+                   "round": "bigint", "max_rounds": "bigint", "due_at": "double precision",
+                   "attempt_id": "text", "calls_started": "bigint"},
+    "viano_leases": {"case_id": "text", "holder": "text",
+                     "expires_at": "timestamp with time zone"},
+}
+COLUMNS_SQL = ("SELECT table_name, column_name, data_type FROM information_schema.columns "
+               "WHERE table_schema = current_schema() AND table_name = ANY(%s)")
+
+
+def schema_problems(found: list[tuple[str, str, str]]) -> list[str]:
+    """What of :data:`COLUMNS` the database's ``found`` (table, column, type) rows lack
+    or hold otherwise."""
+    have: dict[str, dict[str, str]] = {}
+    for table, column, kind in found:
+        have.setdefault(table, {})[column] = kind
+    out = []
+    for table, columns in COLUMNS.items():
+        if table not in have:
+            out.append(f"the table {table} is missing")
+            continue
+        for column, kind in columns.items():
+            got = have[table].get(column)
+            if got is None:
+                out.append(f"the column {table}.{column} is missing")
+            elif got != kind:
+                out.append(f"the column {table}.{column} is {got}, not {kind}")
+    return out
+
+
 def parse_version(value: str) -> int | None:
     if not value.startswith(FORMAT_PREFIX):
         return None

@@ -77,7 +77,7 @@ from ._pg_open import (
     open_schema,
     translate,
 )
-from ._pg_schema import CURRENT_VERSION
+from ._pg_schema import COLUMNS, COLUMNS_SQL, CURRENT_VERSION, schema_problems
 from ._plan import BatchRows, GenerationRow, Head, PlanInput, plan_batch
 from ._protocol import BlobInfo, CaseRef, StoreStats
 from ._requests import Outcome, Request
@@ -478,9 +478,12 @@ class PostgresStore:
     def index_problems(self) -> list[str]:
         """What makes the index unfit to judge the blobs by (verify and gc refuse then)."""
         with translate(self._display, "inspect the index"), self._connection() as conn:
+            problems = schema_problems([tuple(r) for r in conn.execute(
+                COLUMNS_SQL, (list(COLUMNS),)).fetchall()])
+            if problems:  # the counts below may not even be possible
+                return problems
             gens = conn.execute("SELECT COUNT(*) FROM viano_generations").fetchone()[0]
             blob_rows = conn.execute("SELECT COUNT(*) FROM viano_blobs").fetchone()[0]
-        problems = []
         wrong_root = blob_root_problem(self.blob_root, self.meta)
         if wrong_root is not None:
             problems.append(wrong_root.message)

@@ -89,14 +89,21 @@ def verify_store(store: Store, case_ids: Iterable[str] | None = None,
         return _verify(store, case_ids, progress, checks)
 
 
-def _verify(store: Store, case_ids: Iterable[str] | None,
-            progress: Callable[[int], None] | None,
-            checks: Sequence[PackageCheck]) -> VerifyReport:
+def refuse_unfit_index(store: Store) -> None:
+    """Refuse (``store_corrupt``) a store whose index does not fit its blobs or whose
+    schema is not the one it made: verify and gc judge by it, so they say what is wrong
+    with it before anything else reads it."""
     problems = store.index_problems()
     if problems:
         raise StorageError(f"{store.location}: {'; '.join(problems)}", reason="store_corrupt",
                            hint=f"{store.repair_hint}; verify and gc refuse to judge blobs "
                                 "by an index that does not fit them.")
+
+
+def _verify(store: Store, case_ids: Iterable[str] | None,
+            progress: Callable[[int], None] | None,
+            checks: Sequence[PackageCheck]) -> VerifyReport:
+    refuse_unfit_index(store)
     violations: list[Violation] = []
     refs: dict[str, CaseRef] = {}
     damaged_refs: set[str] = set()  # the case ids of ref rows whose package id is damaged

@@ -192,3 +192,22 @@ async def test_a_key_with_an_odd_character_inside_is_a_configuration_failure(
     assert [a.detail for a in outcome.attempts] == ["invalid_api_key"]
     assert srv.requests == []
     assert "ODDKEY" not in dump(outcome) and "ODDKEY" not in caplog.text
+
+
+@pytest.mark.no_store
+@pytest.mark.parametrize(("message", "shown"), [
+    # The store's own message (its URL already without a password): the colon ending the
+    # clause was taken into the URL, and what followed was percent-encoded into its query.
+    ("could not claim due cases at postgresql://probe@/db6?host=/tmp/pg: terminating "
+     "connection", "postgresql://[REDACTED]@/db6?host=/tmp/pg: terminating connection"),
+    ("see https://api.example/v1?api_key=S3cr3tKEY.", "api_key=[REDACTED]."),
+    ("(at https://h/a?x=1&token=abc)", "https://h/a?x=1&token=[REDACTED])"),
+    ("at https://u:pw@h/x, then", "https://[REDACTED]@h/x, then"),
+    ("at https://h/x?host=/tmp/a;", "https://h/x?host=/tmp/a;")])
+def test_a_url_in_a_sentence_is_masked_and_the_sentence_kept(message: str,
+                                                              shown: str) -> None:
+    from engine._gateway._redact import Redactor
+
+    cleaned = Redactor(["S3cr3tKEY"]).anything(message)
+    assert shown in cleaned, cleaned
+    assert "S3cr3tKEY" not in cleaned and "pw@" not in cleaned and "=abc" not in cleaned

@@ -162,13 +162,18 @@ class Redactor:
             parts.port  # noqa: B018 - raises ValueError on a netloc it cannot parse
         except ValueError:
             return _USERINFO.sub(f"//{MASK}@", self.text(value))
-        query = [(k, MASK if _KEYLIKE.search(k) else v)
-                 for k, v in parse_qsl(parts.query, keep_blank_values=True)]
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
         netloc = parts.netloc
+        keyed = any(_KEYLIKE.search(k) for k, _ in pairs)
+        if "@" not in netloc and not keyed:
+            return self.text(value)  # nothing to mask by its shape: kept as written
+        # Only what is masked is rewritten: a query with no key-like name is kept as
+        # written (a socket path in it was percent-encoded into something unreadable).
+        query = urlencode([(k, MASK if _KEYLIKE.search(k) else v) for k, v in pairs],
+                          safe="[]") if keyed else parts.query
         if "@" in netloc:  # credentials in the URL
             netloc = MASK + "@" + netloc.rsplit("@", 1)[1]
-        cleaned = urlunsplit((parts.scheme, netloc, parts.path, urlencode(query, safe="[]"),
-                              parts.fragment))
+        cleaned = urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
         return self.text(cleaned)
 
     def headers(self, headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> dict[str, str]:
@@ -188,8 +193,16 @@ class Redactor:
         """Free text that may hold URLs (a log message, an exception)."""
         cleaned = self.text(value)
         if "://" in cleaned:
-            cleaned = _URL.sub(lambda m: self.url(m.group()), cleaned)
+            cleaned = _URL.sub(self._url_in_text, cleaned)
         return cleaned
+
+    def _url_in_text(self, match: re.Match[str]) -> str:
+        """A URL found in prose, without the punctuation that ends its sentence or clause
+        (``…/db?host=/tmp/pg: terminating`` took the colon, and what the message said
+        after it was then encoded into the URL's query)."""
+        found = match.group()
+        core = found.rstrip(":;,.!?)")  # not "]": the mask ends with one
+        return self.url(core) + found[len(core):]
 
 
 _URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")

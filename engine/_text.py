@@ -38,6 +38,13 @@ def _escape(match: re.Match[str]) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
+def shows_as_written(text: str) -> bool:
+    """Whether ``text`` holds nothing :func:`terminal_safe` would escape: no control,
+    bidirectional or invisible character (a name reversed by a right-to-left override
+    reads as another)."""
+    return _UNSAFE_ALL.search(text) is None
+
+
 def terminal_safe(text: str, *, multiline: bool = False) -> str:
     """``text`` with every control character escaped (newlines and tabs kept if
     ``multiline``)."""

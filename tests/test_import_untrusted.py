@@ -354,11 +354,12 @@ class TestWhoAndWhenARecordSays(TestPhaseHistories):
     override) or a time that is none, and verify passed it."""
 
     @pytest.mark.parametrize("field, value", [
-        ("confirmed_by", "policy:evil\u202e"), ("confirmed_by", "policy:auto_confirm "),
-        ("confirmed_by", "\u200b"), ("confirmed_by", "x" * 129),
-        ("confirmed_at", "1999-99-99"), ("confirmed_at", "yesterday")])
+        ("confirmed_by", "\x1b[2Jroot"), ("confirmed_by", "x" * 129), ("confirmed_by", ""),
+        ("confirmed_by", 7), ("confirmed_at", "1999-99-99T99:99:99Z"),
+        ("confirmed_at", "\u0662\u0660\u0662\u0666-12-04T01:27:49Z"),
+        ("confirmed_at", "2026-02-30T00:00:00Z"), ("confirmed_at", "yesterday")])
     def test_a_confirmation_viano_would_not_write_is_refused(
-            self, cli: Cli, sample: Path, tmp_path: Path, field: str, value: str) -> None:
+            self, cli: Cli, sample: Path, tmp_path: Path, field: str, value: Any) -> None:
         good = self._analysed(cli, sample, tmp_path)
         path = "analysis/interpretation/0001/confirmation.json"
         forged = _with_file(good, tmp_path / "forged.zip", path,
@@ -366,10 +367,21 @@ class TestWhoAndWhenARecordSays(TestPhaseHistories):
         r = cli("import", "--store", tmp_path / "dest", forged, "--json")
         assert r.code == 2, r.out
         assert r.json["error"]["reason"] == "invalid_export", r.out  # type: ignore[index]
-        assert "the confirmation does not bind" in r.out, r.out
-        # The helper itself makes an export that imports when nothing is changed.
-        same = _with_file(good, tmp_path / "same.zip", path, lambda doc: doc)
-        assert cli("import", "--store", tmp_path / "ok", same).code == 0
+        assert f"the confirmation's {field}" in r.out, r.out
+
+    @pytest.mark.parametrize("name", ["policy:ops-bot", "\u200b", "policy:evil\u202e",
+                                      "root", "policy:auto_confirm"])
+    def test_a_name_an_earlier_viano_recorded_still_imports(
+            self, cli: Cli, sample: Path, tmp_path: Path, name: str) -> None:
+        """--by took these before its rules grew (policy: names, blank ones, direction
+        changes); a history that holds one stays valid, however --by reads now."""
+        good = self._analysed(cli, sample, tmp_path)
+        path = "analysis/interpretation/0001/confirmation.json"
+        kept = _with_file(good, tmp_path / "kept.zip", path,
+                          lambda doc: {**doc, "confirmed_by": name})
+        r = cli("import", "--store", tmp_path / "ok", kept, "--json")
+        assert r.code == 0, r.out
+        assert cli("verify", "--store", tmp_path / "ok").code == 0
 
 
 def _intake_edit(label: str) -> Callable[[list[Doc]], list[bytes]]:

@@ -304,6 +304,10 @@ def test_a_text_argument_that_is_not_utf8_is_a_usage_error(
 
 @pytest.mark.parametrize(("option", "value"), [("--by", "\u200b"), ("--by", "\u2800"),
                                                ("--by", "\u0301\u0301"),
+                                               # reads as "policy:evil" (RLO), and others
+                                               # that show otherwise than written
+                                               ("--by", "\u202elive:ycilop"),
+                                               ("--by", "ann\u2066e"), ("--by", "a\u200fb"),
                                                ("--reason", "\u200b\u200d"),
                                                ("--reason", "\ufeff ")])
 def test_a_name_or_reason_that_shows_nothing_is_refused(

@@ -334,10 +334,12 @@ def _interpretation_problems(view: PackageView, revision: int) -> list[str]:
                     conf.get("interpretation_sha256") != view.sha(p["interpretation"]) or \
                     conf.get("interpretation") != {"path": p["interpretation"],
                                                    "sha256": view.sha(p["interpretation"])} or \
-                    conf.get("analysis_revision") != revision or \
-                    not recorded_by_ok(conf.get("confirmed_by")) or \
-                    not recorded_at_ok(conf.get("confirmed_at")):
+                    conf.get("analysis_revision") != revision:
                 out.append("the confirmation does not bind this interpretation")
+            elif not recorded_by_ok(conf.get("confirmed_by")):
+                out.append("the confirmation's confirmed_by is not a name Viano records")
+            elif not recorded_at_ok(conf.get("confirmed_at")):
+                out.append("the confirmation's confirmed_at is not a UTC timestamp")
         return out
     except HistoryProblem as exc:
         return [str(exc)]

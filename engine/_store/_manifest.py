@@ -25,6 +25,7 @@ import functools
 import re
 import types
 from collections.abc import Iterator, Mapping
+from datetime import datetime
 from typing import Any, TypeVar
 
 import attrs
@@ -41,7 +42,20 @@ PHASE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
 POINTER = re.compile(r"[a-z][a-z0-9_]{0,63}")
 PACKAGE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 SHA256 = re.compile(r"[0-9a-f]{64}")
-TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?Z")
+TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?Z")
+
+
+def is_timestamp(value: str) -> bool:
+    """A UTC timestamp as Viano writes them: ASCII digits (``\\d`` took any script's),
+    and a real date and time (``9999-99-99T99:99:99Z`` matched the pattern)."""
+    if TIMESTAMP.fullmatch(value) is None:
+        return False
+    try:  # the constructor, not strptime: a manifest is parsed on every cache miss
+        datetime(int(value[0:4]), int(value[5:7]), int(value[8:10]), int(value[11:13]),
+                 int(value[14:16]), int(value[17:19]))
+    except ValueError:
+        return False
+    return True
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 WRITE_ONCE_PREFIXES = ("inputs/", "case/", "analysis/")
 V = TypeVar("V")
@@ -160,7 +174,8 @@ class Manifest:
         _check_str(doc, "package_id", PACKAGE_ID)
         _check_str(doc, "case_id", CASE_ID)
         _check_str(doc, "phase", PHASE)
-        _check_str(doc, "created_at", TIMESTAMP)
+        if not isinstance(doc["created_at"], str) or not is_timestamp(doc["created_at"]):
+            raise ChangeRejected(f"manifest created_at {doc['created_at']!r} is not valid")
         gen = _check_int(doc, "package_generation")
         # Up to 2**62 when read: a store written before the limit stays readable (verify
         # reports what its layout cannot hold); new revisions stop at MAX_REVISION.
@@ -337,7 +352,7 @@ def build_manifest(parent: Manifest | None, package_id: str, case_id: str, chang
     phase = change.phase or (parent.phase if parent else None)
     if phase is None:
         raise ChangeRejected("creating a package needs a phase")
-    if TIMESTAMP.fullmatch(created_at) is None:
+    if not is_timestamp(created_at):
         raise ChangeRejected(f"created_at {created_at!r} is not a UTC timestamp")
     generation = (parent.package_generation + 1) if parent else 1
     parent_gen = parent.package_generation if parent else None

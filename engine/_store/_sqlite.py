@@ -252,9 +252,11 @@ class SqliteStore:
 
     def still_there(self) -> None:
         """Refuse to go on with a store whose database was removed or replaced since it
-        was opened (``rm -r`` of the folder, a restore over it): what this process
-        wrote would go to the removed file, acknowledged and lost, and what it read would
-        not be the store that is there now. A daemon went on so for as long as it ran."""
+        was opened (``rm -r`` of the folder, another database file moved into its place):
+        what this process wrote would go to the removed file, acknowledged and lost, and
+        what it read would not be the store that is there now. A daemon went on so for as
+        long as it ran. A copy over the file in place keeps its inode and is not seen:
+        restore only a store nobody has open."""
         if _identity(self.db_path) != self._identity:
             raise StorageError(f"the store's database {self.db_path} was removed or replaced "
                                "while this process had it open; nothing more is written "

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -45,6 +46,15 @@ def _wait_for(what: str, check: object, deadline_s: float) -> None:
         if time.monotonic() > end:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+
+def _stop_all(procs: list[subprocess.Popen[str]], provider: Any) -> None:
+    """However the test ended: no worker left running, and the provider stopped."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+    provider.stop()
 
 
 def test_four_daemons_share_one_store_and_take_over_a_killed_one(
@@ -99,11 +109,7 @@ def test_four_daemons_share_one_store_and_take_over_a_killed_one(
         for p in procs[1:]:
             assert p.wait(timeout=60) == 0
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=30)
-        provider.stop()
+        _stop_all(procs, provider)
 
     calls = provider.calls
     workers_seen = {worker_of(c) for c in calls}
@@ -154,11 +160,7 @@ def test_two_batches_share_the_work_of_one_store(pg_url: str, tmp_path: Path) ->
                           lambda: sum(worker_of(c) == "w0" for c in provider.calls) >= 2, 120)
         outs = [p.communicate(timeout=300) for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=30)
-        provider.stop()
+        _stop_all(procs, provider)
     assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
     done = [{r["case_id"] for r in json.loads(o[0])["results"]
              if r["status"] == "COMPLETED"} for o in outs]

@@ -111,6 +111,13 @@ MANIFEST_ATTACKS: dict[str, Callable[[list[Doc]], list[bytes]]] = {
         files={**d[-1]["files"],
                "analysis/revisions/0002.json": d[-1]["files"]["case/intake.json"]},
         pointers={**d[-1]["pointers"], "revision": "analysis/revisions/0002.json"}),
+    # The phase changes only by entering a phase or reopening (an import set INTAKE on a
+    # finished case, and status then said so).
+    "phase flipped without entering it": lambda d: _next(d, phase="GENERATING_HYPOTHESES"),
+    "REOPENED without a new revision": lambda d: _next(d, phase="REOPENED"),
+    # (an embedding's own phase name is its business; INTAKE after it is not)
+    "set back to INTAKE after a phase": lambda d: _next(
+        [*d, json.loads(_next(d, phase="OWN_STEP")[-1])], phase="INTAKE"),
     "a 5000-digit revision": lambda d: [_encode(d[0]).replace(b'"analysis_revision":1',
                                                               b'"analysis_revision":'
                                                               + b"1" * 5000)],
@@ -346,6 +353,20 @@ def _with_file(good: Path, dest: Path, path: str, edit: Callable[[Doc], Doc]) ->
         for name, b in members.items():
             z.writestr(name, b)
     return crafted
+
+
+class TestAnalysedPhaseFlips(TestPhaseHistories):
+    @pytest.mark.parametrize("phase", ["INTAKE", "INTERPRETING_CASE"])
+    def test_a_finished_case_set_back_to_an_earlier_phase_is_refused(
+            self, cli: Cli, sample: Path, tmp_path: Path, phase: str) -> None:
+        good = self._analysed(cli, sample, tmp_path)
+        forged = _craft(good, tmp_path / "forged.zip",
+                        manifests=lambda docs: _next(docs, phase=phase))
+        r = cli("import", "--store", tmp_path / "dest", forged, "--json")
+        assert r.code == 2, r.out
+        assert "without entering it" in r.out, r.out
+        assert cli("import", "--store", tmp_path / "ok", good).code == 0
+        assert cli("verify", "--store", tmp_path / "ok").code == 0
 
 
 class TestWhoAndWhenARecordSays(TestPhaseHistories):

@@ -28,9 +28,10 @@ def _intake_and_advance(cli: Cli, sample: Path, store: Path) -> None:
         async with open_store(store, inline_threshold=512) as handle:
             ref = await handle.case("BUG-20")
             for gen in range(ref.generation, ref.generation + 2):
+                # Files only: a phase changes only by entering it (its policy written),
+                # which verify and import hold a case that intake made to.
                 await handle.publish(PublishRequest(ref.package_id, "BUG-20", gen, Change(
-                    files={f"analysis/x/{gen}.json": BytesSource.of(b"[1]" * 400 * gen)},
-                    phase="INTERPRETING_CASE")))
+                    files={f"analysis/x/{gen}.json": BytesSource.of(b"[1]" * 400 * gen)})))
 
     trio.run(advance)
 

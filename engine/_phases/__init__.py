@@ -64,6 +64,7 @@ from ._runner import running as running
 from ._spec import Accepted as Accepted
 from ._spec import PhaseSpec as PhaseSpec
 from ._spec import Problem as Problem
+from ._spec import paths
 from ._stats import provider_statistics as provider_statistics
 from ._view import HistoryProblem as HistoryProblem
 from ._view import PackageView as PackageView
@@ -154,7 +155,7 @@ def _phase_problems(read: Callable[[str], bytes], open_: Callable[[str], BinaryI
     view = PackageView(manifests[-1], read, open_)
     out: list[str] = _intake_problems(view, manifests[0])
     if _made_by_intake(manifests[0], manifests[-1]):
-        out += _revision_problems(view, manifests)
+        out += _revision_problems(view, manifests) + _phase_changes(manifests)
     for spec in SPECS.values():
         for rev in range(1, manifests[-1].analysis_revision + 1):
             out += [f"revision {rev}: {p}" for p in history_problems(spec, view, rev)]
@@ -270,6 +271,33 @@ def _revision_problems(view: PackageView, manifests: Sequence[Manifest]) -> list
         wrong += [] if recorded_at_ok(doc.get("reopened_at")) else ["reopened_at"]
         if wrong:
             out.append(f"{path} is not the record reopen writes ({', '.join(wrong)})")
+    return out
+
+
+OWN_PHASES = frozenset({"INTAKE", REOPENED, *SPECS})
+
+
+def _phase_changes(manifests: Sequence[Manifest]) -> list[str]:
+    """A generation changes the case's phase to one of Viano's own only as the phases do:
+    it enters a phase (writing that phase's policy for its revision), or it reopens the
+    case (checked with the revisions). An import could set the head's phase to INTAKE on
+    a finished case, or flip it with nothing else changed, and verify passed it (status
+    then said INTAKE). A phase of another name is an embedding's (the store's API takes
+    any), and a store written so before stays valid."""
+    out: list[str] = []
+    for parent, child in itertools.pairwise(manifests):
+        if child.phase == parent.phase or child.phase not in OWN_PHASES:
+            continue
+        if child.phase == REOPENED:
+            if child.analysis_revision == parent.analysis_revision:
+                out.append(f"generation {child.package_generation} is REOPENED without a "
+                           "new revision")
+            continue
+        spec = SPECS.get(child.phase)
+        policy = paths(spec, child.analysis_revision)["policy"] if spec else None
+        if policy is None or policy in parent.files or policy not in child.files:
+            out.append(f"generation {child.package_generation} changed the phase from "
+                       f"{parent.phase} to {child.phase} without entering it")
     return out
 
 

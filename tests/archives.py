@@ -23,6 +23,14 @@ def zip_with(path: Path, members: list[tuple[str, bytes]], *, mode: int | None =
     return path
 
 
+def zip_nul_name(path: Path) -> Path:
+    """A member stored as ``log.txt<NUL>.exe`` (zipfile cuts a name at NUL when it writes
+    one, so the bytes are patched)."""
+    zip_with(path, [("log.txtQ.exe", b"x")])
+    path.write_bytes(path.read_bytes().replace(b"log.txtQ.exe", b"log.txt\x00.exe"))
+    return path
+
+
 def zip_symlink(path: Path, name: str, target: str) -> Path:
     with zipfile.ZipFile(path, "w") as zf:
         zf.writestr("ok.txt", b"fine")

@@ -242,6 +242,21 @@ def test_case_ids_from_issue_identity() -> None:
     ("unknown shape", {"name": "x", "value": 1}, "unknown_format", "viano, github, jira"),
     ("two shapes", {"fields": {"summary": "s"}, "author": {"login": "a"}, "title": "t"},
      "ambiguous_format", "(jira, github)"),
+    # A native report with one GitHub-like key: read as GitHub, its observation, case id
+    # and reporter were dropped with exit 0.
+    ("native with a github key", {"title": "t", "body": "b", "case_id": "BUG-77",
+                                  "observations": [{"author": "qa", "body": "5/5"}],
+                                  "labels": ["bug"]}, "ambiguous_format", "github, viano"),
+    ("native reporter with a url", {"title": "t", "body": "b", "reporter": "qa",
+                                    "url": "https://x.example/1"}, "ambiguous_format",
+     "github, viano"),
+    # A GitLab issue (its text is in "description", it has no "body"): read as GitHub,
+    # the description was dropped with exit 0.
+    ("gitlab issue", {"id": 84, "iid": 14, "title": "Crash", "description": "Steps: …",
+                      "state": "opened", "author": {"id": 1, "username": "jdoe"}},
+     "unknown_format", "description"),
+    ("gitlab-like rest combined", {"issue": {"title": "Crash", "description": "d"},
+                                   "comments": []}, "unknown_format", "description"),
 ])
 def test_refusals_write_nothing(tmp_path: Path, label: str, doc: dict[str, Any], reason: str,
                                 needle: str) -> None:
@@ -252,6 +267,17 @@ def test_refusals_write_nothing(tmp_path: Path, label: str, doc: dict[str, Any],
     error = json.loads(r.stdout)["error"]
     assert error["reason"] == reason, (label, error)
     assert needle in error["message"] + error["hint"], (label, error)
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_json_list_without_an_extension_is_json(tmp_path: Path) -> None:
+    """``gh issue list --json …`` saved as ``issues``: taken in as a text report titled
+    with its line of JSON. It is JSON, and refused as a list (as issues.json is)."""
+    report = tmp_path / "issues"
+    report.write_text('[{"number":5,"title":"Crash on save","body":"It crashes."}]\n')
+    r = run_viano("intake", "--json", "--store", tmp_path / "s", "--report", report)
+    assert r.returncode == 2, r.stdout
+    assert json.loads(r.stdout)["error"]["reason"] == "invalid_report", r.stdout
     assert not (tmp_path / "s").exists()
 
 

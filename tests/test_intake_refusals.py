@@ -47,6 +47,9 @@ ARCHIVES: dict[str, tuple[str, Builder]] = {
                       lambda p: A.zip_with(p, [("logs//a.log", b"x")])),
     "control character": ("unsafe_archive_member",
                           lambda p: A.zip_with(p, [("log\x1b[31m.txt", b"x")])),
+    "NUL in a name (zipfile cut it short)": ("unsafe_archive_member", A.zip_nul_name),
+    "tar name that is not UTF-8": ("unsafe_archive_member", lambda p: A.tar_with(
+        p, [("log\udce9.txt", b"hello\n")])),
     "symlink": ("unsafe_archive_member", lambda p: A.zip_symlink(p, "link", "/etc/shadow")),
     "fifo": ("unsafe_archive_member", lambda p: A.zip_special(p, "pipe", stat.S_IFIFO)),
     "char device": ("unsafe_archive_member",
@@ -98,6 +101,27 @@ def existing_store(cli: Cli, sample: Path, store_dir: Path, config: Path) -> dic
     r = cli("intake", "--store", store_dir, "--report", sample / "report.json")
     assert r.code == 0, r.err
     return snapshot(store_dir)
+
+
+@pytest.mark.parametrize("n", [50, 51])
+def test_a_report_with_more_texts_than_max_members_is_refused(
+        cli: Cli, tmp_path: Path, store_dir: Path, config: Path,
+        existing_store: dict[str, bytes], n: int) -> None:
+    """Every comment is a source of the catalogue, and none counted against a limit: 640,000
+    one-line comments in a 16 MB report took 2 GB to take in and left a catalogue verify
+    reported. The body and its comments count against max_members (50 here)."""
+    report = tmp_path / "many.json"
+    report.write_text(json.dumps({"title": "t", "body": "b", "comments": [
+        {"author": "a", "body": f"c{i}"} for i in range(n - 1)]}))
+    r = cli("intake", "--json", "--store", store_dir, "--config", config, "--report", report,
+            "--case-id", "MANY-1")
+    if n <= 50:
+        assert r.code == 0, r.out
+        return
+    assert r.code == 2, r.out
+    assert r.json["error"]["reason"] == "limit_exceeded", r.out  # type: ignore[index]
+    assert "max_members" in r.json["error"]["message"]  # type: ignore[index]
+    assert snapshot(store_dir) == existing_store
 
 
 class TestArchiveRefusals:

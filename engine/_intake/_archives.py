@@ -166,6 +166,8 @@ class _Scan:
             raise self.refuse(name, "empty member name", unsafe)
         if any(ord(c) < 32 or c == "\x7f" for c in name):
             raise self.refuse(name, "control character in the member name", unsafe)
+        if any("\ud800" <= c <= "\udfff" for c in name):  # bytes tarfile could not decode
+            raise self.refuse(name, "the member name is not UTF-8", unsafe)
         if "\\" in name:
             raise self.refuse(name, "backslash in the member name", unsafe)
         if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
@@ -321,7 +323,10 @@ class _ZipScan(_Scan):
 
     def _check(self, info: zipfile.ZipInfo) -> str | None:
         self.check_count()
-        name = self.check_name(info.filename)
+        # zipfile cuts a name at its first NUL (``log.txt\x00.exe`` read as log.txt): the
+        # name as stored is the one judged.
+        name = self.check_name(info.orig_filename if "\x00" in info.orig_filename
+                               else info.filename)
         mode = info.external_attr >> 16
         ftype = stat.S_IFMT(mode)
         if ftype not in (0, stat.S_IFREG, stat.S_IFDIR):

@@ -49,7 +49,11 @@ def detect_json(data: dict[str, Any]) -> list[str]:
         isinstance(c, dict) and isinstance(c.get("author"), dict) for c in comments)
     if isinstance(data.get("issue"), dict) or _GITHUB_ONLY & data.keys() or object_authors:
         found.append("github")
-    if not object_authors and (data.keys() <= NATIVE_KEYS or (
+    # Keys only a native report has (its human observations, its case id) make it one
+    # too: with a GitHub-like key beside them it is ambiguous, not a GitHub issue whose
+    # reader drops them (an observation and the case id were lost with exit 0).
+    native_only = data.keys() & (NATIVE_KEYS - {"title", "body", "comments"})
+    if not object_authors and (data.keys() <= NATIVE_KEYS or native_only or (
             not found and data.keys() & {"title", "body"})):
         # A native report with a misspelt key is still native: its reader names the key.
         found.append("viano")
@@ -81,7 +85,9 @@ def parse_report(raw: bytes, label: str, fmt: str | None = None, *,
                              hint="Give text reports as files of a folder.")
     if fmt == "text":
         return parse_text(text, label)
-    looks_json = json_only or text.lstrip().startswith("{") or label.lower().endswith(
+    # "[" too: a gh issue list's output saved without an extension was taken as a text
+    # report titled with its first line of JSON (as .json it is refused: not an object).
+    looks_json = json_only or text.lstrip().startswith(("{", "[")) or label.lower().endswith(
         (".json", ".jsonl"))
     if fmt is None and not looks_json:
         return parse_text(text, label)

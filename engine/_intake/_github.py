@@ -183,7 +183,19 @@ def _minimized(c: _GhComment) -> tuple[tuple[str, str], ...]:
     return ()
 
 
+def _require_body(data: Any, label: str) -> None:
+    """An issue whose text is a ``description``, with no ``body``, is not GitHub's (a
+    GitLab issue): read as one, its description was silently dropped."""
+    if isinstance(data, dict) and "body" not in data and "description" in data:
+        raise ReportRejected(f"{label}: an issue whose text is a 'description' and which has "
+                             "no 'body' is not a GitHub issue (a GitLab one?); its text "
+                             "would be lost", reason="unknown_format",
+                             hint="Give it as a Viano report {\"title\", \"body\"} or as "
+                                  "text.")
+
+
 def parse_gh(data: Any, label: str) -> Report:
+    _require_body(data, label)
     issue = structure(LENIENT, data, _GhIssue, label)
     _check_title(issue.title, label)
     identity, origin = _identity(issue.url, None, issue.number)
@@ -196,6 +208,7 @@ def parse_gh(data: Any, label: str) -> Report:
 
 def parse_rest(data: Any, label: str) -> Report:
     combined = isinstance(data, dict) and "issue" in data
+    _require_body(data["issue"] if combined else data, label)
     if combined:
         doc = structure(LENIENT, data, _Combined, label)
         issue, rest_comments, base = doc.issue, doc.comments, "/issue"

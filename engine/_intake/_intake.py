@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 
 from .._canonical import artifact_json, sha256_hex
-from .._config import IntakeLimits
+from .._config import MAX_DOCUMENT_BYTES, IntakeLimits
 from .._errors import ArchiveRejected, ChangeRejected, InputRejected, UsageError
 from .._ids import validate_case_id
 from .._store import BytesSource, Change, FileSource, Manifest, validate_logical_path
@@ -133,6 +133,15 @@ def prepare_intake(report_path: Path, attachments: Sequence[Attachment], *,
     else:
         raw = report_bytes
     report = parse_report(raw, _shown(report_path), report_format, json_only=json_only)
+    if len(report.texts) > limits.max_members:
+        # Each is a source of the catalogue (~330 bytes of it for ~26 of input): 640,000
+        # one-line comments in a 16 MB report took 2 GB to take in, and gave a catalogue
+        # larger than a phase reads, which verify then reported.
+        raise InputRejected(f"{_shown(report_path)}: {len(report.texts)} texts (the body, "
+                            f"comments and observations), more than max_members="
+                            f"{limits.max_members}", reason="limit_exceeded",
+                            hint="Raise [intake.limits] max_members, or take the report in "
+                                 "without most of its comments.")
     chosen, chosen_from = _choose_case_id(case_id, report, raw)
     files[stored_name] = BytesSource.of(raw)
 
@@ -156,7 +165,14 @@ def prepare_intake(report_path: Path, attachments: Sequence[Attachment], *,
         "title": report.title, "inputs": inputs_doc, "limits": attrs.asdict(limits)}
     if report.issue is not None:
         intake_doc["issue"] = dict(report.issue)
-    files["case/catalogue.json"] = BytesSource.of(artifact_json(catalogue))
+    catalogue_bytes = artifact_json(catalogue)
+    if len(catalogue_bytes) > MAX_DOCUMENT_BYTES:
+        raise InputRejected(f"{_shown(report_path)}: its catalogue would be "
+                            f"{len(catalogue_bytes)} bytes, more than the {MAX_DOCUMENT_BYTES} "
+                            "a phase reads whole", reason="limit_exceeded",
+                            hint="Take the case in with fewer sources (attachments, archive "
+                                 "members, comments).")
+    files["case/catalogue.json"] = BytesSource.of(catalogue_bytes)
     files["case/intake.json"] = BytesSource.of(artifact_json(intake_doc))
     change = Change(files=files, pointers={"catalogue": "case/catalogue.json",
                                            "intake": "case/intake.json"},

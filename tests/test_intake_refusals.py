@@ -124,6 +124,29 @@ def test_a_report_with_more_texts_than_max_members_is_refused(
     assert snapshot(store_dir) == existing_store
 
 
+@pytest.mark.parametrize("name, mode", [("logs.tar.xz", "w:xz"), ("logs.tbz2", "w:bz2"),
+                                        ("logs.7z", None)])
+def test_an_archive_intake_does_not_read_is_refused_in_the_expanded_roles(
+        cli: Cli, tmp_path: Path, store_dir: Path, existing_store: dict[str, bytes],
+        name: str, mode: str | None) -> None:
+    """In the diagnostics role a .tar.xz was stored as one opaque source with exit 0, its
+    members never catalogued. It is unsupported_archive there; as a plain attachment it
+    is stored as it is."""
+    path = tmp_path / name
+    if mode is None:
+        path.write_bytes(b"7z\xbc\xaf\x27\x1c" + bytes(32))
+    else:
+        A.tar_with(path, [("app.log", b"crash\n")], mode=mode)
+    r = cli("intake", "--json", "--store", store_dir, "--report", _report(tmp_path),
+            "--attach", f"diagnostics={path}", "--case-id", "XZ-1")
+    assert r.code == 2, r.out
+    assert r.json["error"]["reason"] == "unsupported_archive", r.out  # type: ignore[index]
+    assert snapshot(store_dir) == existing_store
+    r = cli("intake", "--json", "--store", store_dir, "--report", _report(tmp_path),
+            "--attach", f"attachment={path}", "--case-id", "XZ-2")
+    assert r.code == 0, r.out
+
+
 class TestArchiveRefusals:
     @pytest.mark.parametrize("label", sorted(ARCHIVES))
     def test_refused_with_reason_and_nothing_written(

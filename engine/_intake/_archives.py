@@ -54,6 +54,10 @@ SNIFF_BYTES = 1024  # per member, for media-type sniffing; kept for every member
 MAX_SINGLE_READ = CHUNK            # the largest header read we allow (data reads are CHUNK)
 MAX_CENTRAL_DIRECTORY = 64 * 1024 * 1024
 ARCHIVE_SUFFIXES = {".zip": "zip", ".tar": "tar", ".tgz": "tar.gz", ".tar.gz": "tar.gz"}
+# Archives intake does not read: in the diagnostics or source role, refused (they were
+# stored as one opaque source with exit 0, their members never catalogued).
+UNREAD_SUFFIXES = (".tar.xz", ".txz", ".tar.bz2", ".tbz2", ".tbz", ".tar.zst", ".tzst",
+                   ".tar.lz", ".tar.lzma", ".7z", ".rar")
 
 
 @attrs.frozen

@@ -29,7 +29,7 @@ from .._store._sources import (
     hash_stream,
     open_regular,
 )
-from ._archives import archive_kind, named_kind, scan_open_archive
+from ._archives import UNREAD_SUFFIXES, archive_kind, named_kind, scan_open_archive
 from ._catalogue import CatalogueBuilder, media_type
 from ._formats import parse_report
 from ._report import Report
@@ -233,6 +233,13 @@ def _catalogue_attachment(cat: CatalogueBuilder, att: Attachment, name: str,
     check_regular(att.path)
     kind = archive_kind(att.path) if att.role in EXPANDED_ROLES else None
     claimed = named_kind(att.path.name)
+    if kind is None and att.role in EXPANDED_ROLES and \
+            att.path.name.lower().endswith(UNREAD_SUFFIXES):
+        raise ArchiveRejected(f"{att.path}: an archive of a kind intake does not read (it "
+                              "reads .zip, .tar and .tar.gz), so its members would not be "
+                              "catalogued", reason="unsupported_archive",
+                              hint="Repack it as .zip or .tar.gz, or attach it with the "
+                                   "'attachment' role to store it as one file.")
     if kind is None and att.role in EXPANDED_ROLES and claimed is not None:
         raise ArchiveRejected(f"{att.path}: named like a {claimed} archive, but its content "
                               "is not one", reason="corrupt_archive",

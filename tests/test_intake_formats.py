@@ -279,6 +279,10 @@ def test_a_json_list_without_an_extension_is_json(tmp_path: Path) -> None:
     assert r.returncode == 2, r.stdout
     assert json.loads(r.stdout)["error"]["reason"] == "invalid_report", r.stdout
     assert not (tmp_path / "s").exists()
+    # A text report whose title starts with "[" is still text.
+    report.write_text("[Bug] it crashes on start\n\nSteps: open it.\n")
+    r = run_viano("intake", "--json", "--store", tmp_path / "s", "--report", report)
+    assert r.returncode == 0, r.stdout
 
 
 @pytest.mark.parametrize("fmt", ["github", "jira"])

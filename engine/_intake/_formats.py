@@ -71,6 +71,14 @@ def decode(raw: bytes, label: str) -> str:
     return text
 
 
+def _parses(text: str) -> bool:
+    try:
+        loads_untrusted(text)
+    except UntrustedJson:
+        return False
+    return True
+
+
 def parse_report(raw: bytes, label: str, fmt: str | None = None, *,
                  json_only: bool = False) -> Report:
     """The report in ``raw``, read as ``fmt`` (one of :data:`FORMATS`, or a recorded
@@ -85,10 +93,14 @@ def parse_report(raw: bytes, label: str, fmt: str | None = None, *,
                              hint="Give text reports as files of a folder.")
     if fmt == "text":
         return parse_text(text, label)
-    # "[" too: a gh issue list's output saved without an extension was taken as a text
-    # report titled with its first line of JSON (as .json it is refused: not an object).
-    looks_json = json_only or text.lstrip().startswith(("{", "[")) or label.lower().endswith(
+    looks_json = json_only or text.lstrip().startswith("{") or label.lower().endswith(
         (".json", ".jsonl"))
+    if fmt is None and not looks_json and text.lstrip().startswith("[") and \
+            _parses(text):
+        # A gh issue list's output saved without an extension was taken as a text report
+        # titled with its line of JSON (as .json it is refused: not an object). Only if it
+        # is JSON: "[Bug] it crashes" is a text report's title.
+        looks_json = True
     if fmt is None and not looks_json:
         return parse_text(text, label)
     try:

@@ -125,7 +125,8 @@ def test_a_report_with_more_texts_than_max_members_is_refused(
 
 
 @pytest.mark.parametrize("name, mode", [("logs.tar.xz", "w:xz"), ("logs.tbz2", "w:bz2"),
-                                        ("logs.7z", None)])
+                                        ("logs.7z", None), ("sosreport-host", "w:bz2"),
+                                        ("diag.bin", "w:xz"), ("diag.7z.part", None)])
 def test_an_archive_intake_does_not_read_is_refused_in_the_expanded_roles(
         cli: Cli, tmp_path: Path, store_dir: Path, existing_store: dict[str, bytes],
         name: str, mode: str | None) -> None:
@@ -145,6 +146,37 @@ def test_an_archive_intake_does_not_read_is_refused_in_the_expanded_roles(
     r = cli("intake", "--json", "--store", store_dir, "--report", _report(tmp_path),
             "--attach", f"attachment={path}", "--case-id", "XZ-2")
     assert r.code == 0, r.out
+
+
+@pytest.mark.parametrize("name", ["app.log.xz", "app.log.bz2"])
+def test_a_single_compressed_log_is_one_source(cli: Cli, tmp_path: Path, store_dir: Path,
+                                               name: str) -> None:
+    """xz and bzip2 around one log (no tar inside) are what a plain .gz log is: one opaque
+    source, not an archive intake refuses."""
+    import bz2
+    import lzma
+
+    path = tmp_path / name
+    pack = lzma.compress if name.endswith(".xz") else bz2.compress
+    path.write_bytes(pack(b"2026-12-04 crash\n" * 50))
+    r = cli("intake", "--json", "--store", store_dir, "--report", _report(tmp_path),
+            "--attach", f"diagnostics={path}", "--case-id", "LOG-1")
+    assert r.code == 0, r.out
+
+
+def test_a_jira_issues_listed_attachments_count_against_max_members(
+        cli: Cli, tmp_path: Path, store_dir: Path, config: Path,
+        existing_store: dict[str, bytes]) -> None:
+    """Each attachment a Jira issue lists is a source: 100,000 of them in a 1.7 MB report
+    made 100,001 sources and a 34 MB catalogue with exit 0."""
+    report = tmp_path / "jira.json"
+    report.write_text(json.dumps({"key": "PAY-1", "fields": {
+        "summary": "s", "description": "d",
+        "attachment": [{"filename": f"a{i}.log"} for i in range(60)]}}))
+    r = cli("intake", "--json", "--store", store_dir, "--config", config, "--report", report)
+    assert r.code == 2, r.out
+    assert r.json["error"]["reason"] == "limit_exceeded", r.out  # type: ignore[index]
+    assert snapshot(store_dir) == existing_store
 
 
 class TestArchiveRefusals:

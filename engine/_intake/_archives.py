@@ -85,6 +85,31 @@ def archive_kind(path: Path) -> str | None:
     return "tar" if is_tar_header(head[:512]) else None
 
 
+def unread_archive(path: Path) -> str | None:
+    """The kind of an archive intake does not read, from the content: a 7z or rar file,
+    or a tar compressed with xz or bzip2 (a single compressed log is no archive), else
+    None. Named anything (``sosreport-host``, ``diag.bin``), one was stored as one opaque
+    source in the diagnostics role, its members never catalogued."""
+    import bz2
+    import lzma
+
+    with open_regular(path) as f:
+        head = f.read(65536)
+    if head.startswith(b"7z\xbc\xaf\x27\x1c"):
+        return "7z"
+    if head.startswith(b"Rar!\x1a\x07"):
+        return "rar"
+    for magic, kind, inflate in ((b"\xfd7zXZ\x00", "tar.xz", lzma.LZMADecompressor),
+                                 (b"BZh", "tar.bz2", bz2.BZ2Decompressor)):
+        if head.startswith(magic):
+            try:
+                block = inflate().decompress(head, 512)
+            except (OSError, EOFError, ValueError, lzma.LZMAError):
+                return None
+            return kind if is_tar_header(block) else None
+    return None
+
+
 def is_tar_header(block: bytes) -> bool:
     """A 512-byte block that is a tar header: its checksum field matches its bytes."""
     if len(block) < 512 or block[:512] == bytes(512):

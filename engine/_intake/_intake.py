@@ -29,7 +29,13 @@ from .._store._sources import (
     hash_stream,
     open_regular,
 )
-from ._archives import UNREAD_SUFFIXES, archive_kind, named_kind, scan_open_archive
+from ._archives import (
+    UNREAD_SUFFIXES,
+    archive_kind,
+    named_kind,
+    scan_open_archive,
+    unread_archive,
+)
 from ._catalogue import CatalogueBuilder, media_type
 from ._formats import parse_report
 from ._report import Report
@@ -133,12 +139,14 @@ def prepare_intake(report_path: Path, attachments: Sequence[Attachment], *,
     else:
         raw = report_bytes
     report = parse_report(raw, _shown(report_path), report_format, json_only=json_only)
-    if len(report.texts) > limits.max_members:
+    sources = len(report.texts) + len(report.referenced)
+    if sources > limits.max_members:
         # Each is a source of the catalogue (~330 bytes of it for ~26 of input): 640,000
         # one-line comments in a 16 MB report took 2 GB to take in, and gave a catalogue
-        # larger than a phase reads, which verify then reported.
-        raise InputRejected(f"{_shown(report_path)}: {len(report.texts)} texts (the body, "
-                            f"comments and observations), more than max_members="
+        # larger than a phase reads, which verify then reported; a Jira issue's listed
+        # attachments the same.
+        raise InputRejected(f"{_shown(report_path)}: {sources} sources (the body, comments, "
+                            f"observations and attachments it lists), more than max_members="
                             f"{limits.max_members}", reason="limit_exceeded",
                             hint="Raise [intake.limits] max_members, or take the report in "
                                  "without most of its comments.")
@@ -233,8 +241,8 @@ def _catalogue_attachment(cat: CatalogueBuilder, att: Attachment, name: str,
     check_regular(att.path)
     kind = archive_kind(att.path) if att.role in EXPANDED_ROLES else None
     claimed = named_kind(att.path.name)
-    if kind is None and att.role in EXPANDED_ROLES and \
-            att.path.name.lower().endswith(UNREAD_SUFFIXES):
+    if kind is None and att.role in EXPANDED_ROLES and (
+            att.path.name.lower().endswith(UNREAD_SUFFIXES) or unread_archive(att.path)):
         raise ArchiveRejected(f"{att.path}: an archive of a kind intake does not read (it "
                               "reads .zip, .tar and .tar.gz), so its members would not be "
                               "catalogued", reason="unsupported_archive",

@@ -404,3 +404,18 @@ class TestReportRefusals:
         other = cli("intake", "--json", "--store", root, "--report", report, "--attach", diag)
         assert other.code == 2 and "same originals" not in other.out, other.out
         assert snapshot(root) == before
+
+
+def test_a_text_mode_intake_prints_at_most_200_catalogue_rows(
+        cli: Cli, tmp_path: Path, store_dir: Path) -> None:
+    """Every source was a row of the printed table: 50,000 comments took 22 s to print
+    (2 s with --json). The first 200 are printed, then how to list them all."""
+    report = tmp_path / "many.json"
+    report.write_text(json.dumps({"title": "t", "body": "b", "comments": [
+        {"author": "a", "body": f"c{i}"} for i in range(299)]}))
+    r = cli("intake", "--store", store_dir, "--report", report, "--case-id", "ROWS-1")
+    assert r.code == 0, r.err
+    assert "S200" in r.out and "S201 " not in r.out, r.out[-500:]
+    assert "… and 100 more sources: 'viano cat ROWS-1 case/catalogue.json'" in r.out
+    doc = json.loads(cli("cat", "--store", store_dir, "ROWS-1", "case/catalogue.json").out)
+    assert len(doc["sources"]) == 300

@@ -42,17 +42,21 @@ PHASE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
 POINTER = re.compile(r"[a-z][a-z0-9_]{0,63}")
 PACKAGE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 SHA256 = re.compile(r"[0-9a-f]{64}")
-TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?Z")
+TIMESTAMP = re.compile(r"[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])T"
+                       r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?Z")
 
 
 def is_timestamp(value: str) -> bool:
     """A UTC timestamp as Viano writes them: ASCII digits (``\\d`` took any script's),
-    and a real date and time (``9999-99-99T99:99:99Z`` matched the pattern)."""
+    and a real date and time (``9999-99-99T99:99:99Z`` matched the old pattern). The
+    pattern checks the ranges; the calendar only a 29th to 31st (a manifest is parsed on
+    every cache miss)."""
     if TIMESTAMP.fullmatch(value) is None:
         return False
-    try:  # the constructor, not strptime: a manifest is parsed on every cache miss
-        datetime(int(value[0:4]), int(value[5:7]), int(value[8:10]), int(value[11:13]),
-                 int(value[14:16]), int(value[17:19]))
+    if value[8:10] < "29":
+        return True
+    try:
+        datetime(int(value[0:4]), int(value[5:7]), int(value[8:10]))
     except ValueError:
         return False
     return True

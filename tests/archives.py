@@ -31,6 +31,18 @@ def zip_nul_name(path: Path) -> Path:
     return path
 
 
+def zip_utf8_unflagged(path: Path, names: list[bytes]) -> Path:
+    """Members named by these UTF-8 bytes without the UTF-8 flag, as Info-ZIP's ``zip``
+    writes them (zipfile flags a non-ASCII name, so ASCII stand-ins are patched)."""
+    stand_ins = [f"m{i:0{len(n) - 5}d}.log".encode() for i, n in enumerate(names)]
+    zip_with(path, [(s.decode(), b"x") for s in stand_ins])
+    data = path.read_bytes()
+    for stand_in, name in zip(stand_ins, names, strict=True):
+        data = data.replace(stand_in, name)
+    path.write_bytes(data)
+    return path
+
+
 def zip_symlink(path: Path, name: str, target: str) -> Path:
     with zipfile.ZipFile(path, "w") as zf:
         zf.writestr("ok.txt", b"fine")

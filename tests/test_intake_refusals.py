@@ -48,6 +48,8 @@ ARCHIVES: dict[str, tuple[str, Builder]] = {
     "control character": ("unsafe_archive_member",
                           lambda p: A.zip_with(p, [("log\x1b[31m.txt", b"x")])),
     "NUL in a name (zipfile cut it short)": ("unsafe_archive_member", A.zip_nul_name),
+    "duplicate after NFC, UTF-8 unflagged (Info-ZIP)": ("duplicate_archive_member", lambda p:
+        A.zip_utf8_unflagged(p, ["caf\u00e9.log".encode(), "cafe\u0301.log".encode()])),
     "tar name that is not UTF-8": ("unsafe_archive_member", lambda p: A.tar_with(
         p, [("log\udce9.txt", b"hello\n")])),
     "symlink": ("unsafe_archive_member", lambda p: A.zip_symlink(p, "link", "/etc/shadow")),
@@ -419,3 +421,14 @@ def test_a_text_mode_intake_prints_at_most_200_catalogue_rows(
     assert "… and 100 more sources: 'viano cat ROWS-1 case/catalogue.json'" in r.out
     doc = json.loads(cli("cat", "--store", store_dir, "ROWS-1", "case/catalogue.json").out)
     assert len(doc["sources"]) == 300
+
+
+def test_an_info_zip_name_is_read_as_utf8(cli: Cli, tmp_path: Path, store_dir: Path) -> None:
+    """Info-ZIP writes UTF-8 names without the UTF-8 flag; zipfile read them as cp437, and
+    café.log was catalogued as caf├⌐.log."""
+    archive = A.zip_utf8_unflagged(tmp_path / "diag.zip", ["caf\u00e9.log".encode()])
+    r = cli("intake", "--json", "--store", store_dir, "--report", _report(tmp_path),
+            "--attach", f"diagnostics={archive}", "--case-id", "NAME-1")
+    assert r.code == 0, r.out
+    members = [s["origin"].get("member") for s in r.json["catalogue"]["sources"]]  # type: ignore[index]
+    assert "caf\u00e9.log" in members, members

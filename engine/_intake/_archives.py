@@ -354,8 +354,8 @@ class _ZipScan(_Scan):
         self.check_count()
         # zipfile cuts a name at its first NUL (``log.txt\x00.exe`` read as log.txt): the
         # name as stored is the one judged.
-        name = self.check_name(info.orig_filename if "\x00" in info.orig_filename
-                               else info.filename)
+        name = self.check_name(_zip_name(info.orig_filename if "\x00" in info.orig_filename
+                                         else info.filename, info.flag_bits))
         mode = info.external_attr >> 16
         ftype = stat.S_IFMT(mode)
         if ftype not in (0, stat.S_IFREG, stat.S_IFDIR):
@@ -368,6 +368,20 @@ class _ZipScan(_Scan):
                 raise self.refuse(name, "directory entry with content", "corrupt_archive")
             return None
         self.check_declared(name, info.file_size, info.compress_size)
+        return name
+
+
+def _zip_name(name: str, flags: int) -> str:
+    """A member's name as its maker meant it: without the UTF-8 flag, zipfile reads the
+    bytes as cp437, but Info-ZIP's ``zip`` (the default on Linux) writes UTF-8 without
+    setting it, so ``café.log`` was catalogued as ``caf├⌐.log`` and two names equal after
+    NFC were not caught as duplicates. Bytes that are valid UTF-8 are read so, as unzip
+    and libarchive read them; others stay cp437."""
+    if flags & 0x800 or name.isascii():
+        return name
+    try:
+        return name.encode("cp437").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
         return name
 
 

@@ -432,3 +432,18 @@ def test_an_info_zip_name_is_read_as_utf8(cli: Cli, tmp_path: Path, store_dir: P
     assert r.code == 0, r.out
     members = [s["origin"].get("member") for s in r.json["catalogue"]["sources"]]  # type: ignore[index]
     assert "caf\u00e9.log" in members, members
+
+
+@pytest.mark.no_store
+def test_a_catalogue_with_the_cp437_reading_of_a_name_still_finds_its_member(
+        tmp_path: Path) -> None:
+    """A case taken in before names were read as UTF-8 catalogued café.log as caf├⌐.log;
+    its phase context still reads that member's head."""
+    from engine import IntakeLimits
+    from engine._intake._archives import member_heads
+
+    archive = A.zip_utf8_unflagged(tmp_path / "z.zip", ["caf\u00e9.log".encode()])
+    for name in ("caf\u00e9.log".encode().decode("cp437"), "caf\u00e9.log"):
+        heads = member_heads(lambda: archive.open("rb"), archive.stat().st_size, "zip",
+                             {name: 10}, IntakeLimits(), "z.zip")
+        assert heads == {name: b"x"}, heads

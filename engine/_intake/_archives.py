@@ -163,8 +163,12 @@ def member_heads(opener: Opener, size: int, kind: str, wanted: dict[str, int],
     """The first ``wanted[name]`` bytes of each named member, read within the same limits
     and checks as a scan (an archive in the store may have come from an import)."""
     scanner = _ZipScan if kind == "zip" else _TarScan
-    found = scanner(opener, size, limits, label, None, wanted).run()
-    return {m.name: m.head for m in found}
+    # A catalogue written before zip names were read as UTF-8 names a member by its cp437
+    # reading: asked for by either, it is found.
+    names = {(_zip_name(m, 0) if kind == "zip" else m): m for m in wanted}
+    found = scanner(opener, size, limits, label, None,
+                    {n: wanted[m] for n, m in names.items()}).run()
+    return {names.get(m.name, m.name): m.head for m in found}
 
 
 class _Scan:

@@ -229,13 +229,15 @@ class TestASchemaChangedBehindTheStore:
                                    sample: Path, damage: str, named: str) -> None:
         """verify said ok with viano_leases dropped (while batch said store_corrupt, "run
         viano verify"), failed on its own reads with a column dropped, and reported every
-        case's ref as wrong with a column's type changed. It names the schema's damage."""
+        case's ref as wrong with a column's type changed, and show and reopen then said
+        "there is no generation '7'" (exit 2). Every command names the schema's damage."""
         cfg = _config(tmp_path, pg_url, tmp_path / "b")
         assert cli("intake", "--config", cfg, "--report", sample / "report.json").code == 0
         r = cli("verify", "--json", "--config", cfg)
         assert r.code == 0, r.out  # what the store makes is what it expects
         _exec(pg_url, damage)
-        for args in (["verify"], ["gc"]):
+        for args in (["verify"], ["gc"], ["status"], ["show", "BUG-20"],
+                     ["reopen", "BUG-20", "--reason", "r"]):
             r = cli(*args, "--json", "--config", cfg)
             assert r.code == 1, (args, r.out)
             error = r.json["error"]  # type: ignore[index]

@@ -24,7 +24,16 @@ from urllib.parse import quote
 
 from .._errors import NotAStore, NotFound, StorageError, VianoError
 from ._blobs import fsync_dir
-from ._pg_schema import CURRENT_VERSION, FORMAT_PREFIX, SCHEMA, TABLES, parse_version
+from ._pg_schema import (
+    COLUMNS,
+    COLUMNS_SQL,
+    CURRENT_VERSION,
+    FORMAT_PREFIX,
+    SCHEMA,
+    TABLES,
+    parse_version,
+    schema_problems,
+)
 from ._sources import read_text_file
 
 log = logging.getLogger("viano.store")
@@ -210,6 +219,14 @@ def open_schema(conn: Any, shown: str, *, write: bool, create: bool,
                            hint="Upgrade Viano to open this store." if newer else
                            "This store predates the PostgreSQL backend's first release; "
                            "export it with the Viano that wrote it and import it here.")
+    damaged = schema_problems([tuple(r) for r in conn.execute(
+        COLUMNS_SQL, (list(COLUMNS),)).fetchall()])
+    if damaged:
+        # Every command says what is wrong with the schema: with a column retyped, show
+        # and reopen said "there is no generation '7'" (exit 2), verify listed every ref.
+        raise StorageError(f"{shown}: {'; '.join(damaged)}", reason="store_corrupt",
+                           hint="The schema was changed behind the store: restore the "
+                                "database from a backup.")
     return {str(k): str(v) for k, v in meta.items()}
 
 

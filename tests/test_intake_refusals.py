@@ -447,3 +447,22 @@ def test_a_catalogue_with_the_cp437_reading_of_a_name_still_finds_its_member(
         heads = member_heads(lambda: archive.open("rb"), archive.stat().st_size, "zip",
                              {name: 10}, IntakeLimits(), "z.zip")
         assert heads == {name: b"x"}, heads
+
+
+@pytest.mark.parametrize("name", ["empty.tar", "empty.tar.gz"])
+def test_an_empty_tar_is_an_archive_with_no_members(cli: Cli, tmp_path: Path,
+                                                    store_dir: Path, name: str) -> None:
+    """``tar cf e.tar --files-from /dev/null`` (two zero blocks, padded) was refused as
+    corrupt_archive, where an empty zip is taken in."""
+    path = tmp_path / name
+    A.tar_with(path, [], mode="w:gz" if name.endswith(".gz") else "w")
+    r = cli("intake", "--json", "--store", store_dir, "--report", _report(tmp_path),
+            "--attach", f"diagnostics={path}", "--case-id", "EMPTY-1")
+    assert r.code == 0, r.out
+    sources = r.json["catalogue"]["sources"]  # type: ignore[index]
+    assert [s for s in sources if s["origin"].get("member")] == [], sources
+    # Zeros named like a tar but not a tar's end (one block) stay refused.
+    (tmp_path / "zeros.tar").write_bytes(bytes(512))
+    r = cli("intake", "--json", "--store", store_dir, "--report", _report(tmp_path),
+            "--attach", f"diagnostics={tmp_path / 'zeros.tar'}", "--case-id", "EMPTY-2")
+    assert r.code == 2 and r.json["error"]["reason"] == "corrupt_archive", r.out  # type: ignore[index]

@@ -110,6 +110,24 @@ def unread_archive(path: Path) -> str | None:
     return None
 
 
+EMPTY_TAR_MAX = 1024 * 1024
+
+
+def is_empty_tar(path: Path, kind: str) -> bool:
+    """Whether ``path`` is an empty tar (or tar.gz): only zero blocks, at least the two
+    that end an archive. ``tar cf e.tar --files-from /dev/null`` was refused as
+    corrupt_archive ("its content is not one"), where an empty zip is taken in."""
+    with open_regular(path) as f:
+        data = f.read(EMPTY_TAR_MAX + 1)
+    if kind == "tar.gz":
+        try:
+            inflate = zlib.decompressobj(wbits=31)
+            data = inflate.decompress(data, EMPTY_TAR_MAX + 1)
+        except zlib.error:
+            return False
+    return 1024 <= len(data) <= EMPTY_TAR_MAX and len(data) % 512 == 0 and not any(data)
+
+
 def is_tar_header(block: bytes) -> bool:
     """A 512-byte block that is a tar header: its checksum field matches its bytes."""
     if len(block) < 512 or block[:512] == bytes(512):

@@ -32,6 +32,7 @@ from .._store._sources import (
 from ._archives import (
     UNREAD_SUFFIXES,
     archive_kind,
+    is_empty_tar,
     named_kind,
     scan_open_archive,
     unread_archive,
@@ -241,6 +242,9 @@ def _catalogue_attachment(cat: CatalogueBuilder, att: Attachment, name: str,
     check_regular(att.path)
     kind = archive_kind(att.path) if att.role in EXPANDED_ROLES else None
     claimed = named_kind(att.path.name)
+    if kind is None and att.role in EXPANDED_ROLES and claimed in ("tar", "tar.gz") and \
+            is_empty_tar(att.path, claimed):
+        kind = claimed  # an empty archive: no members to catalogue
     if kind is None and att.role in EXPANDED_ROLES and (
             att.path.name.lower().endswith(UNREAD_SUFFIXES) or unread_archive(att.path)):
         raise ArchiveRejected(f"{att.path}: an archive of a kind intake does not read (it "

@@ -56,32 +56,35 @@ class Passes:
 
     async def due(self, limit: int, *, skip: Collection[str] = ()) -> list[str]:
         """Up to ``limit`` case ids with work now, from the store's due index, leaving out
-        ``skip`` and the cases held back."""
+        ``skip`` and the cases held back (claimed for this worker where the backend hands
+        each due case to one)."""
+        return await self._due(limit, skip, claim=True)
+
+    async def waiting(self, limit: int) -> list[str]:
+        """What :meth:`due` finds, but taking nothing: no lease on a backend that hands
+        each due case to one worker. For counting (a progress bar's total): ``batch
+        --all`` leased every due case of a shared database just to count them, so the
+        other workers got none, and after a SIGKILL none could resume them for
+        ``lease_s``. It includes cases other workers have claimed: "is there work for
+        me?" is :meth:`due`'s question."""
+        return await self._due(limit, (), claim=False)
+
+    async def _due(self, limit: int, skip: Collection[str], *, claim: bool) -> list[str]:
         now_trio = trio.current_time()
         self._not_before = {c: t for c, t in self._not_before.items() if t > now_trio}
         left_out = set(skip) | set(self._not_before)
         now = self.clock.now()  # read here: a TrioClock needs the trio thread
         confirm = self.config.interpretation.auto_confirm
+        store = self.store.store
+        if claim:
+            refs = await self.store.run_sync(
+                lambda: store.claim_due(now, limit, skip=left_out,
+                                        awaiting_confirmation=confirm))
+            return [r.case_id for r in refs]
         refs = await self.store.run_sync(
-            lambda: self.store.store.claim_due(now, limit, skip=left_out,
-                                               awaiting_confirmation=confirm))
-        return [r.case_id for r in refs]
-
-    async def waiting(self, limit: int) -> list[str]:
-        """Up to ``limit`` case ids with work now, as :meth:`due` finds them, but taking
-        nothing: no lease on a backend that hands each due case to one worker. For
-        counting (a progress bar's total): ``batch --all`` leased every due case of a
-        shared database just to count them, so the other workers got none, and after a
-        SIGKILL none could resume them for ``lease_s``. It includes cases other workers
-        have claimed: "is there work for me?" is :meth:`due`'s question."""
-        now_trio = trio.current_time()
-        held_back = {c for c, t in self._not_before.items() if t > now_trio}
-        now = self.clock.now()
-        confirm = self.config.interpretation.auto_confirm
-        refs = await self.store.run_sync(
-            lambda: self.store.store.due_cases(now, limit + len(held_back),
-                                               awaiting_confirmation=confirm))
-        return [r.case_id for r in refs if r.case_id not in held_back][:limit]
+            lambda: store.due_cases(now, limit + len(left_out),
+                                    awaiting_confirmation=confirm))
+        return [r.case_id for r in refs if r.case_id not in left_out][:limit]
 
     async def run_until_idle(self, cases: Sequence[str] | None = None, *,
                              on_result: Callable[[CaseResult], None] | None = None,

@@ -177,7 +177,6 @@ from ._store import encode_manifest as encode_manifest
 from ._store import iso_utc as iso_utc
 from ._store import open_backend as open_backend
 from ._store import plan_batch as plan_batch
-from ._store import refuse_unfit_index as refuse_unfit_index
 from ._store import successor_violations as successor_violations
 from ._store import verify_store as verify_store
 from ._store import whole_history as whole_history

@@ -57,7 +57,7 @@ ENGINE_API = [
     "markdown_inert_block", "markdown_inline", "new_package_id", "no_answer_status",
     "normalized", "open_backend", "open_regular", "parse_contracted_json", "person",
     "phase_dir", "plan_batch", "policy_like",
-    "prepare_intake", "prompt_for", "provider_statistics", "read_export", "refuse_unfit_index",
+    "prepare_intake", "prompt_for", "provider_statistics", "read_export",
     "remove_log_filter", "reopen_change", "report_document", "report_markdown",
     "retry_after_seconds",
     "round_change", "running", "sha256_hex", "successor_violations", "terminal_safe",

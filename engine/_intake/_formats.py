@@ -71,14 +71,6 @@ def decode(raw: bytes, label: str) -> str:
     return text
 
 
-def _parses(text: str) -> bool:
-    try:
-        loads_untrusted(text)
-    except UntrustedJson:
-        return False
-    return True
-
-
 def parse_report(raw: bytes, label: str, fmt: str | None = None, *,
                  json_only: bool = False) -> Report:
     """The report in ``raw``, read as ``fmt`` (one of :data:`FORMATS`, or a recorded
@@ -95,17 +87,17 @@ def parse_report(raw: bytes, label: str, fmt: str | None = None, *,
         return parse_text(text, label)
     looks_json = json_only or text.lstrip().startswith("{") or label.lower().endswith(
         (".json", ".jsonl"))
-    if fmt is None and not looks_json and text.lstrip().startswith("[") and \
-            _parses(text):
-        # A gh issue list's output saved without an extension was taken as a text report
-        # titled with its line of JSON (as .json it is refused: not an object). Only if it
-        # is JSON: "[Bug] it crashes" is a text report's title.
-        looks_json = True
-    if fmt is None and not looks_json:
+    # A gh issue list's output saved without an extension was taken as a text report
+    # titled with its line of JSON (as .json it is refused: not an object). It is JSON
+    # only if it parses: "[Bug] it crashes" is a text report's title.
+    maybe_json = fmt is None and not looks_json and text.lstrip().startswith("[")
+    if fmt is None and not looks_json and not maybe_json:
         return parse_text(text, label)
     try:
         data = loads_untrusted(text)
     except UntrustedJson as exc:
+        if maybe_json:
+            return parse_text(text, label)
         raise ReportRejected(f"{label}: {exc}", hint=_hint()) from exc
     if not isinstance(data, dict):
         raise ReportRejected(f"{label}: a JSON report must be an object, not a "

@@ -242,21 +242,20 @@ def _catalogue_attachment(cat: CatalogueBuilder, att: Attachment, name: str,
     check_regular(att.path)
     kind = archive_kind(att.path) if att.role in EXPANDED_ROLES else None
     claimed = named_kind(att.path.name)
-    if kind is None and att.role in EXPANDED_ROLES and claimed in ("tar", "tar.gz") and \
-            is_empty_tar(att.path, claimed):
-        kind = claimed  # an empty archive: no members to catalogue
-    if kind is None and att.role in EXPANDED_ROLES and (
-            att.path.name.lower().endswith(UNREAD_SUFFIXES) or unread_archive(att.path)):
-        raise ArchiveRejected(f"{att.path}: an archive of a kind intake does not read (it "
-                              "reads .zip, .tar and .tar.gz), so its members would not be "
-                              "catalogued", reason="unsupported_archive",
-                              hint="Repack it as .zip or .tar.gz, or attach it with the "
-                                   "'attachment' role to store it as one file.")
-    if kind is None and att.role in EXPANDED_ROLES and claimed is not None:
-        raise ArchiveRejected(f"{att.path}: named like a {claimed} archive, but its content "
-                              "is not one", reason="corrupt_archive",
-                              hint="Attach the real archive, or attach the file with the "
-                                   "'attachment' role to store it as it is.")
+    if kind is None and att.role in EXPANDED_ROLES:
+        if claimed in ("tar", "tar.gz") and is_empty_tar(att.path, claimed):
+            kind = claimed  # an empty archive: no members to catalogue
+        elif att.path.name.lower().endswith(UNREAD_SUFFIXES) or unread_archive(att.path):
+            raise ArchiveRejected(f"{att.path}: an archive of a kind intake does not read "
+                                  "(it reads .zip, .tar and .tar.gz), so its members would "
+                                  "not be catalogued", reason="unsupported_archive",
+                                  hint="Repack it as .zip or .tar.gz, or attach it with the "
+                                       "'attachment' role to store it as one file.")
+        elif claimed is not None:
+            raise ArchiveRejected(f"{att.path}: named like a {claimed} archive, but its "
+                                  "content is not one", reason="corrupt_archive",
+                                  hint="Attach the real archive, or attach the file with "
+                                       "the 'attachment' role to store it as it is.")
     if kind is None:
         size_limit = limits.max_member_bytes
         with open_regular(att.path) as f:

@@ -47,5 +47,4 @@ from ._sqlite import SqliteStore as SqliteStore
 from ._verify import PackageCheck as PackageCheck
 from ._verify import VerifyReport as VerifyReport
 from ._verify import Violation as Violation
-from ._verify import refuse_unfit_index as refuse_unfit_index
 from ._verify import verify_store as verify_store

@@ -25,8 +25,6 @@ from urllib.parse import quote
 from .._errors import NotAStore, NotFound, StorageError, VianoError
 from ._blobs import fsync_dir
 from ._pg_schema import (
-    COLUMNS,
-    COLUMNS_SQL,
     CURRENT_VERSION,
     FORMAT_PREFIX,
     SCHEMA,
@@ -48,6 +46,7 @@ _URL_HINT = ("Use postgresql://user@host:5432/db or postgresql://user@/db?host=/
              "better, leave the password out and use PGPASSWORD or ~/.pgpass.")
 
 
+NO_DATABASE = re.compile(r'database "[^"]*" does not exist')
 _QUOTED = re.compile(r"\"[^\"]*\"|'[^']*'")
 _SCHEME_LIKE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/")
 _CONNINFO_LIKE = re.compile(r"(?:^|\s)(?:host|hostaddr|dbname|user|password|port|service)\s*=")
@@ -219,8 +218,7 @@ def open_schema(conn: Any, shown: str, *, write: bool, create: bool,
                            hint="Upgrade Viano to open this store." if newer else
                            "This store predates the PostgreSQL backend's first release; "
                            "export it with the Viano that wrote it and import it here.")
-    damaged = schema_problems([tuple(r) for r in conn.execute(
-        COLUMNS_SQL, (list(COLUMNS),)).fetchall()])
+    damaged = schema_problems(conn)
     if damaged:
         # Every command says what is wrong with the schema: with a column retyped, show
         # and reopen said "there is no generation '7'" (exit 2), verify listed every ref.
@@ -338,7 +336,7 @@ def driver_error(exc: Exception, shown: str, doing: str) -> VianoError:
     import psycopg_pool
 
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if re.search(r'database "[^"]*" does not exist', str(exc)):  # at any step: dropped
+    if NO_DATABASE.search(str(exc)):  # at any step: a name mistyped, or dropped since
         return NotFound(f"no store at {shown}: the database does not exist", reason="no_store",
                         hint="Check the database's name in the URL, or create it (CREATE "
                              "DATABASE …) and take cases in with 'viano intake'.")

@@ -20,6 +20,8 @@ Version history:
 
 from __future__ import annotations
 
+from typing import Any
+
 FORMAT_PREFIX = "viano-pg/"
 CURRENT_VERSION = 1
 TABLES = ("viano_meta", "viano_blobs", "viano_generations", "viano_refs", "viano_leases")
@@ -66,11 +68,10 @@ COLUMNS_SQL = ("SELECT table_name, column_name, data_type FROM information_schem
                "WHERE table_schema = current_schema() AND table_name = ANY(%s)")
 
 
-def schema_problems(found: list[tuple[str, str, str]]) -> list[str]:
-    """What of :data:`COLUMNS` the database's ``found`` (table, column, type) rows lack
-    or hold otherwise."""
+def schema_problems(conn: Any) -> list[str]:
+    """What of :data:`COLUMNS` the database behind ``conn`` lacks or holds otherwise."""
     have: dict[str, dict[str, str]] = {}
-    for table, column, kind in found:
+    for table, column, kind in conn.execute(COLUMNS_SQL, (list(COLUMNS),)).fetchall():
         have.setdefault(table, {})[column] = kind
     out = []
     for table, columns in COLUMNS.items():

@@ -69,6 +69,7 @@ from ._crash import crash_point
 from ._manifest import Manifest
 from ._pg_leases import CLAIM, CLAIM_ATTEMPTS, FENCE, Leases
 from ._pg_open import (
+    NO_DATABASE,
     blob_root_problem,
     claim_blob_root,
     conninfo,
@@ -77,7 +78,7 @@ from ._pg_open import (
     open_schema,
     translate,
 )
-from ._pg_schema import COLUMNS, COLUMNS_SQL, CURRENT_VERSION, schema_problems
+from ._pg_schema import CURRENT_VERSION, schema_problems
 from ._plan import BatchRows, GenerationRow, Head, PlanInput, plan_batch
 from ._protocol import BlobInfo, CaseRef, StoreStats
 from ._requests import Outcome, Request
@@ -92,7 +93,6 @@ log = logging.getLogger("viano.store")
 
 _GONE: dict[str, threading.Event] = {}  # a store's pool name -> its database is gone
 _POOL_NAME = re.compile(r"error connecting in '([^']+)'")
-_NO_DATABASE = re.compile(r'database "[^"]*" does not exist')
 
 
 class _QuietPool(logging.Filter):
@@ -110,7 +110,7 @@ class _QuietPool(logging.Filter):
         failed = _POOL_NAME.match(message)
         if failed is None:
             return True
-        if _NO_DATABASE.search(message):
+        if NO_DATABASE.search(message):
             gone = _GONE.get(failed.group(1))
             if gone is not None:
                 gone.set()
@@ -478,8 +478,7 @@ class PostgresStore:
     def index_problems(self) -> list[str]:
         """What makes the index unfit to judge the blobs by (verify and gc refuse then)."""
         with translate(self._display, "inspect the index"), self._connection() as conn:
-            problems = schema_problems([tuple(r) for r in conn.execute(
-                COLUMNS_SQL, (list(COLUMNS),)).fetchall()])
+            problems = schema_problems(conn)
             if problems:  # the counts below may not even be possible
                 return problems
             gens = conn.execute("SELECT COUNT(*) FROM viano_generations").fetchone()[0]

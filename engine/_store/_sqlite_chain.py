@@ -39,9 +39,6 @@ def _corrupt(message: str) -> StorageError:
     return StorageError(message, reason="store_corrupt", hint=_HINT)
 
 
-_row = generation_row
-
-
 def _ref(conn: sqlite3.Connection, package_id: str) -> tuple[Any, Any] | None:
     """The ref's (head_row, generation), read in one statement."""
     row = conn.execute("SELECT head_row, generation FROM refs WHERE package_id=?",
@@ -74,7 +71,7 @@ def fetch(conn: sqlite3.Connection, row_id: int) -> GenerationRow:
                        (row_id,)).fetchone()
     if row is None:  # the walk read it a moment ago, and rows are never deleted
         raise _corrupt(f"generation row {row_id} disappeared")
-    return _row(row)
+    return generation_row(row)
 
 
 def find(conn: sqlite3.Connection, package_id: str, generation: int
@@ -100,7 +97,7 @@ def history(conn: sqlite3.Connection, package_id: str) -> list[GenerationRow]:
     (only damage does that) is read by a scan of the table, for ``verify``."""
     ref = _ref(conn, package_id)
     if ref is None:
-        return [_row(r) for r in conn.execute(
+        return [generation_row(r) for r in conn.execute(
             f"SELECT {ROW_COLUMNS} FROM generations WHERE package_id=? ORDER BY generation, "
             "id", (package_id,))]
     return [fetch(conn, row_id) for row_id in _whole(conn, package_id, ref[0])]
@@ -109,7 +106,7 @@ def history(conn: sqlite3.Connection, package_id: str) -> list[GenerationRow]:
 def stored(conn: sqlite3.Connection, package_id: str) -> list[GenerationRow]:
     """Every row the table holds for the package, on its chain or not, in the order they
     were written (a scan of the table: only verify asks, for a damaged package)."""
-    return [_row(r) for r in conn.execute(
+    return [generation_row(r) for r in conn.execute(
         f"SELECT {ROW_COLUMNS} FROM generations WHERE package_id=? ORDER BY id",
         (package_id,))]
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from engine import INTERPRETATION, Attachment, IntakeLimits, PackageView, prepare_intake
 from engine._config import InterpretationPolicy
@@ -161,7 +162,7 @@ def test_jira_v3_adf_converted_and_a_supplied_attachment(tmp_path: Path) -> None
     sources = _sources(doc)
     assert sources[0]["origin"] == {"input": "inputs/jira_v3.json",
                                     "pointer": "/fields/description",
-                                    "conversion": "adf-text/1"}
+                                    "conversion": "adf-text/2"}
     assert [s["kind"] for s in sources] == ["report", "comment", "comment", "attachment",
                                             "attachment"]  # the empty ADF comment: none
     assert sources[2]["human"] is False  # accountType app
@@ -183,6 +184,104 @@ def test_adf_conversion_is_deterministic_and_keeps_content() -> None:
                     {"type": "codeBlock", "content": [{"type": "text",
                                                        "text": "x = 1\n```y```"}]}]}]}]}]}]}
     assert adf_text(nested) == "- a\n\n  3. ````\n     x = 1\n     ```y```\n     ````"
+
+
+# What adf-text/1 dropped: a task list nested in a task list (ADF's indentation of task
+# items) lost its done marks, and a block macro without a body (an `extension`) lost its
+# text and parameters; an inline one its parameters.
+DROPPED_BY_1 = {"type": "doc", "content": [
+    {"type": "taskList", "content": [
+        {"type": "taskItem", "attrs": {"state": "DONE"},
+         "content": [{"type": "text", "text": "repro on 4.1"}]},
+        {"type": "taskList", "content": [
+            {"type": "taskItem", "attrs": {"state": "DONE"},
+             "content": [{"type": "text", "text": "with cache"}]},
+            {"type": "taskItem", "attrs": {"state": "TODO"},
+             "content": [{"type": "text", "text": "without cache"}]}]}]},
+    {"type": "extension", "attrs": {
+        "extensionKey": "jira-chart", "text": "Burndown",
+        "parameters": {"macroParams": {"title": {"value": "Crash rate by build"}}}}},
+    {"type": "paragraph", "content": [{"type": "inlineExtension", "attrs": {
+        "extensionKey": "status-macro", "parameters": {"colour": "red", "label": "BLOCKER"}}}]}]}
+AS_BY_1 = "- [x] repro on 4.1\n- with cache\n\n  without cache\n\nstatus-macro"
+AS_BY_2 = ("- [x] repro on 4.1\n  - [x] with cache\n  - [ ] without cache\n\n"
+           "Burndown Crash rate by build\n\nstatus-macro red BLOCKER")
+
+
+def test_adf_conversion_2_keeps_what_1_dropped_and_1_stays_as_released() -> None:
+    assert adf_text(DROPPED_BY_1, 1) == AS_BY_1
+    assert adf_text(DROPPED_BY_1) == adf_text(DROPPED_BY_1, 2) == AS_BY_2
+    # Version 1 of what both convert alike is what it always was.
+    doc = json.loads((REPORTS / "jira_v3.json").read_text())["fields"]["description"]
+    assert adf_text(doc, 1) == adf_text(doc, 2) == EXPECTED_ADF
+    with pytest.raises(ValueError, match="unknown ADF conversion"):
+        adf_text(doc, 3)
+
+
+def _jira_v3(path: Path, description: Any, environment: Any = None) -> Path:
+    fields = {"summary": "Export hangs", "description": description,
+              "reporter": {"displayName": "Ana"}}
+    if environment is not None:
+        fields["environment"] = environment
+    path.write_text(json.dumps({"key": "OPS-7", "fields": fields}))
+    return path
+
+
+def test_a_catalogue_recorded_by_adf_text_1_is_read_back_by_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A package taken in by a version whose conversion was adf-text/1 keeps its texts and
+    hashes: the phases convert its stored original again by the conversion its catalogue
+    recorded, not by today's (which would make every such package fail its hash check,
+    and verify report it)."""
+    import engine._intake._jira as jira
+    from tests.test_store_integrity import _publish
+
+    report = _jira_v3(tmp_path / "ops.json", DROPPED_BY_1)
+    with monkeypatch.context() as m:  # the intake of the older version
+        m.setattr(jira, "ADF_CONVERSION", "adf-text/1")
+        m.setattr(jira, "adf_text", lambda doc: adf_text(doc, 1))
+        plan = prepare_intake(report, [], case_id="OLD-ADF", limits=IntakeLimits())
+    trio.run(_publish, tmp_path / "s", plan)
+    source = json.loads(run_viano("cat", "--store", tmp_path / "s", "OLD-ADF",
+                                  "case/catalogue.json").stdout)["sources"][0]
+    assert source["origin"]["conversion"] == "adf-text/1"
+    ctx = _context(tmp_path / "s", "OLD-ADF")["untrusted_case_data"]
+    assert ctx["human_texts"][0]["text"] == AS_BY_1
+    assert run_viano("verify", "--store", tmp_path / "s").returncode == 0
+    # Taken in today, the same report is converted by adf-text/2.
+    doc = _intake(tmp_path / "s", report, "--case-id", "NEW-ADF")
+    assert _sources(doc)[0]["origin"]["conversion"] == "adf-text/2"
+    ctx = _context(tmp_path / "s", "NEW-ADF")["untrusted_case_data"]
+    assert ctx["human_texts"][0]["text"] == AS_BY_2
+
+
+def test_a_recorded_conversion_unknown_here_is_refused_not_replaced() -> None:
+    from engine._intake import converted
+
+    report = parse_report(json.dumps({"key": "OPS-7", "fields": {
+        "summary": "s", "description": DROPPED_BY_1}}).encode(), "x.json")
+    text = report.by_pointer()["/fields/description"]
+    assert converted(text, "adf-text/2") == AS_BY_2
+    assert converted(text, "adf-text/1") == AS_BY_1
+    for unknown in ("adf-text/9", None, 1, ["adf-text/1"]):  # a newer Viano's, or damage
+        assert converted(text, unknown) is None
+
+
+@pytest.mark.parametrize("environment", [
+    "Firefox 130 on Windows 11, build 4.1.2",
+    {"type": "doc", "content": [{"type": "paragraph", "content": [
+        {"type": "text", "text": "Firefox 130 on Windows 11, build 4.1.2"}]}]}],
+    ids=["v2-text", "v3-adf"])
+def test_jira_environment_is_a_source(tmp_path: Path, environment: Any) -> None:
+    """fields.environment is the reporter's own words (versions, browser, OS): it was
+    not catalogued, so the model never saw it."""
+    doc = _intake(tmp_path / "s", _jira_v3(tmp_path / "ops.json", "It hangs.", environment))
+    sources = _sources(doc)
+    assert [(s["kind"], s["origin"]["pointer"]) for s in sources] == [
+        ("report", "/fields/description"), ("report", "/fields/environment")]
+    texts = _context(tmp_path / "s", "OPS-7")["untrusted_case_data"]["human_texts"]
+    assert [(t["text"], t["author"]) for t in texts] == [
+        ("It hangs.", "Ana"), ("Firefox 130 on Windows 11, build 4.1.2", "Ana")]
 
 
 @pytest.mark.parametrize("name", ["github_gh.json", "github_rest_combined.json",

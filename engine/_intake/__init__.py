@@ -14,5 +14,6 @@ from ._intake import IntakePlan as IntakePlan
 from ._intake import check_regular as check_regular
 from ._intake import prepare_intake as prepare_intake
 from ._intake import unreadable as unreadable
+from ._jira import converted as converted
 from ._report import Report as Report
 from ._report import TextSource as TextSource

@@ -21,6 +21,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .._text import is_blank
+
 _BLOCK_SEP = "\n\n"
 
 
@@ -50,8 +52,21 @@ def adf_problem(doc: Any) -> str | None:
     return None
 
 
-def adf_text(doc: Any) -> str:
-    return _blocks(_children(doc), "").strip("\n")
+LATEST = 2
+VERSIONS = (1, 2)
+
+
+def adf_text(doc: Any, version: int = LATEST) -> str:
+    """``doc`` as plain text by conversion ``adf-text/<version>``. A version, once
+    released, never changes: a catalogue records the version its hashes were made by, and
+    the phases convert the stored original again by that version to check them.
+
+    Version 2 keeps what version 1 dropped: the done marks of a task list nested in a task
+    list (and the markers of any list nested directly in a list), and a block
+    ``extension`` (a macro without a body: its text, or its key, and its parameters)."""
+    if version not in VERSIONS:
+        raise ValueError(f"unknown ADF conversion version {version!r}")
+    return _Converter(version).blocks(_children(doc), "").strip("\n")
 
 
 def _children(node: Any) -> list[Any]:
@@ -77,121 +92,159 @@ def _small_int(text: str | None, default: int, lo: int, hi: int) -> int:
     return min(hi, max(lo, int(text)))
 
 
-def _blocks(nodes: list[Any], indent: str) -> str:
-    parts = [_block(n, indent) for n in nodes]
-    return _BLOCK_SEP.join(p for p in parts if p != "")
+_LISTS = ("bulletList", "orderedList", "taskList", "decisionList")
 
 
-def _block(node: dict[str, Any], indent: str) -> str:
-    kind = node.get("type")
-    if kind == "paragraph":
-        return _prefix(_inline(_children(node)), indent)
-    if kind == "heading":
-        hashes = "#" * _small_int(_attr(node, "level"), 1, 1, 6)
-        return _prefix(f"{hashes} {_inline(_children(node))}", indent)
-    if kind == "codeBlock":
-        code = "".join("\n" if c.get("type") == "hardBreak" else str(c.get("text", ""))
-                       for c in _children(node))
-        fence = "`" * max(3, _longest_backtick_run(code) + 1)
-        language = re.sub(r"[^A-Za-z0-9_+.#-]", "", _attr(node, "language") or "")[:32]
-        return _prefix(f"{fence}{language}\n{code}\n{fence}", indent)
-    if kind in ("bulletList", "orderedList", "taskList", "decisionList"):
-        return _list(node, indent)
-    if kind == "blockquote":
-        inner = _blocks(_children(node), "")
-        return _prefix("\n".join(f"> {ln}" if ln else ">" for ln in inner.split("\n")),
-                       indent)
-    if kind == "rule":
-        return _prefix("---", indent)
-    if kind == "table":
-        return "\n".join(_prefix(_row(r), indent) for r in _children(node))
-    if kind in ("mediaSingle", "mediaGroup", "media", "mediaInline"):
-        caption = " ".join(_inline(_children(c)) for c in _children(node)
-                           if c.get("type") == "caption")
-        return _prefix(" ".join(x for x in (_media(node), caption) if x), indent)
-    if kind in ("blockCard", "embedCard"):
-        return _prefix(_attr(node, "url") or "", indent)
-    if kind in ("text", "hardBreak", "mention", "emoji", "inlineCard", "date", "status"):
-        return _prefix(_inline([node]), indent)
-    # panel, expand, nestedExpand, layoutSection, and whatever comes next: the content.
-    title = _attr(node, "title")
-    body = _blocks(_children(node), indent)
-    if node.get("text") and isinstance(node.get("text"), str):
-        body = _prefix(str(node["text"]), indent) + (_BLOCK_SEP + body if body else "")
-    return _prefix(title, indent) + (_BLOCK_SEP + body if body else "") if title else body
+class _Converter:
+    def __init__(self, version: int):
+        self.version = version
+
+    def blocks(self, nodes: list[Any], indent: str) -> str:
+        parts = [self.block(n, indent) for n in nodes]
+        return _BLOCK_SEP.join(p for p in parts if p != "")
+
+    def block(self, node: dict[str, Any], indent: str) -> str:
+        kind = node.get("type")
+        if kind == "paragraph":
+            return _prefix(self.inline(_children(node)), indent)
+        if kind == "heading":
+            hashes = "#" * _small_int(_attr(node, "level"), 1, 1, 6)
+            return _prefix(f"{hashes} {self.inline(_children(node))}", indent)
+        if kind == "codeBlock":
+            code = "".join("\n" if c.get("type") == "hardBreak" else str(c.get("text", ""))
+                           for c in _children(node))
+            fence = "`" * max(3, _longest_backtick_run(code) + 1)
+            language = re.sub(r"[^A-Za-z0-9_+.#-]", "", _attr(node, "language") or "")[:32]
+            return _prefix(f"{fence}{language}\n{code}\n{fence}", indent)
+        if kind in _LISTS:
+            return self.listed(node, indent)
+        if kind == "blockquote":
+            inner = self.blocks(_children(node), "")
+            return _prefix("\n".join(f"> {ln}" if ln else ">" for ln in inner.split("\n")),
+                           indent)
+        if kind == "rule":
+            return _prefix("---", indent)
+        if kind == "table":
+            return "\n".join(_prefix(self.row(r), indent) for r in _children(node))
+        if kind in ("mediaSingle", "mediaGroup", "media", "mediaInline"):
+            caption = " ".join(self.inline(_children(c)) for c in _children(node)
+                               if c.get("type") == "caption")
+            return _prefix(" ".join(x for x in (_media(node), caption) if x), indent)
+        if kind in ("blockCard", "embedCard"):
+            return _prefix(_attr(node, "url") or "", indent)
+        if kind in ("text", "hardBreak", "mention", "emoji", "inlineCard", "date", "status"):
+            return _prefix(self.inline([node]), indent)
+        if kind == "extension" and self.version >= 2:
+            return _prefix(_extension(node), indent)
+        # panel, expand, nestedExpand, layoutSection, and whatever comes next: the content.
+        title = _attr(node, "title")
+        body = self.blocks(_children(node), indent)
+        if node.get("text") and isinstance(node.get("text"), str):
+            body = _prefix(str(node["text"]), indent) + (_BLOCK_SEP + body if body else "")
+        return _prefix(title, indent) + (_BLOCK_SEP + body if body else "") if title else body
+
+    def listed(self, node: dict[str, Any], indent: str) -> str:
+        ordered = node.get("type") == "orderedList"
+        number = _small_int(_attr(node, "order"), 1, 0, 10**9)
+        lines = []
+        for item in _children(node):
+            if self.version >= 2 and item.get("type") in _LISTS:
+                # A list nested directly in a list (ADF's way of indenting task items):
+                # its items keep their own markers, indented under the item before.
+                lines.append(self.listed(item, indent + "  "))
+                continue
+            marker = f"{number}. " if ordered else "- "
+            if item.get("type") in ("taskItem", "decisionItem"):
+                state = _attr(item, "state")
+                marker += "[x] " if state in ("DONE", "DECIDED") else "[ ] "
+                text = self.inline(_children(item))
+            else:
+                text = self.blocks(_children(item), "").strip("\n")
+            pad = " " * len(marker)
+            first, *rest = text.split("\n") if text else [""]
+            lines.append(f"{indent}{marker}{first}")
+            lines += [f"{indent}{pad}{ln}" if ln else "" for ln in rest]
+            number += 1
+        return "\n".join(lines)
+
+    def row(self, row: dict[str, Any]) -> str:
+        """A table row on one line: ``\\`` and ``|`` inside a cell are written ``\\\\``
+        and ``\\|``, a line break inside one (a code block, a list) `` ⏎ ``."""
+        cells = [self.blocks(_children(c), "").replace("\\", "\\\\").replace("|", "\\|")
+                 .replace("\n", " ⏎ ") for c in _children(row)]
+        return "| " + " | ".join(cells) + " |"
+
+    def inline(self, nodes: list[Any]) -> str:
+        out = []
+        for n in nodes:
+            kind = n.get("type")
+            if kind == "text":
+                text = str(n.get("text", ""))
+                marks = n.get("marks") if isinstance(n.get("marks"), list) else []
+                href = next((m["attrs"].get("href") for m in marks
+                             if isinstance(m, dict) and m.get("type") == "link"
+                             and isinstance(m.get("attrs"), dict)), None)
+                out.append(f"{text} ({href})" if isinstance(href, str) and href != text
+                           else text)
+            elif kind == "hardBreak":
+                out.append("\n")
+            elif kind == "mention":
+                name = _attr(n, "text") or _attr(n, "id") or "someone"
+                out.append(name if name.startswith("@") else f"@{name}")
+            elif kind == "emoji":
+                out.append(_attr(n, "text") or _attr(n, "shortName") or "")
+            elif kind in ("inlineCard", "blockCard", "embedCard"):
+                out.append(_attr(n, "url") or "")
+            elif kind == "date":
+                out.append(_attr(n, "timestamp") or "")
+            elif kind == "status":
+                out.append(f"[{_attr(n, 'text') or ''}]")
+            elif kind in ("media", "mediaInline"):
+                out.append(_media(n))
+            elif kind == "inlineExtension" and self.version >= 2:
+                out.append(_extension(n))
+            elif kind in ("placeholder", "inlineExtension"):
+                out.append(_attr(n, "text") or _attr(n, "extensionKey") or "")
+            else:
+                out.append(str(n.get("text", "")) if isinstance(n.get("text"), str) else "")
+                out.append(self.inline(_children(n)))
+        return "".join(out)
 
 
-def _list(node: dict[str, Any], indent: str) -> str:
-    ordered = node.get("type") == "orderedList"
-    number = _small_int(_attr(node, "order"), 1, 0, 10**9)
-    lines = []
-    for item in _children(node):
-        marker = f"{number}. " if ordered else "- "
-        if item.get("type") in ("taskItem", "decisionItem"):
-            state = _attr(item, "state")
-            marker += "[x] " if state in ("DONE", "DECIDED") else "[ ] "
-            text = _inline(_children(item))
-        else:
-            text = _blocks(_children(item), "").strip("\n")
-        pad = " " * len(marker)
-        first, *rest = text.split("\n") if text else [""]
-        lines.append(f"{indent}{marker}{first}")
-        lines += [f"{indent}{pad}{ln}" if ln else "" for ln in rest]
-        number += 1
-    return "\n".join(lines)
+def _extension(node: dict[str, Any]) -> str:
+    """A macro without a body: its fallback text, or its key, then the text of its
+    parameters, in the order the document gives them."""
+    head = _attr(node, "text") or _attr(node, "extensionKey") or ""
+    attrs = node.get("attrs")
+    params = attrs.get("parameters") if isinstance(attrs, dict) else None
+    words = [w for w in _strings(params) if not is_blank(w)]
+    return " ".join(x for x in (head, " ".join(words)) if x)
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string inside ``value`` (a parameters object), depth-first, iteratively (a
+    document's depth is bounded by the JSON reader, not here)."""
+    out: list[str] = []
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            out.append(v)
+        elif isinstance(v, dict):
+            stack.extend(reversed(list(v.values())))
+        elif isinstance(v, list):
+            stack.extend(reversed(v))
+    return out
 
 
 def _longest_backtick_run(text: str) -> int:
     return max((len(m) for m in re.findall(r"`+", text)), default=0)
 
 
-def _row(row: dict[str, Any]) -> str:
-    """A table row on one line: ``\\`` and ``|`` inside a cell are written ``\\\\`` and
-    ``\\|``, a line break inside one (a code block, a list) `` ⏎ ``."""
-    cells = [_blocks(_children(c), "").replace("\\", "\\\\").replace("|", "\\|")
-             .replace("\n", " ⏎ ") for c in _children(row)]
-    return "| " + " | ".join(cells) + " |"
-
-
 def _media(node: dict[str, Any]) -> str:
     found = [c for c in [node, *_children(node)] if c.get("type") in ("media", "mediaInline")]
     names = [(_attr(m, "alt") or _attr(m, "id") or "media") for m in found]
     return " ".join(f"[media: {n}]" for n in names) if names else ""
-
-
-def _inline(nodes: list[Any]) -> str:
-    out = []
-    for n in nodes:
-        kind = n.get("type")
-        if kind == "text":
-            text = str(n.get("text", ""))
-            marks = n.get("marks") if isinstance(n.get("marks"), list) else []
-            href = next((m["attrs"].get("href") for m in marks
-                         if isinstance(m, dict) and m.get("type") == "link"
-                         and isinstance(m.get("attrs"), dict)), None)
-            out.append(f"{text} ({href})" if isinstance(href, str) and href != text
-                       else text)
-        elif kind == "hardBreak":
-            out.append("\n")
-        elif kind == "mention":
-            name = _attr(n, "text") or _attr(n, "id") or "someone"
-            out.append(name if name.startswith("@") else f"@{name}")
-        elif kind == "emoji":
-            out.append(_attr(n, "text") or _attr(n, "shortName") or "")
-        elif kind in ("inlineCard", "blockCard", "embedCard"):
-            out.append(_attr(n, "url") or "")
-        elif kind == "date":
-            out.append(_attr(n, "timestamp") or "")
-        elif kind == "status":
-            out.append(f"[{_attr(n, 'text') or ''}]")
-        elif kind in ("media", "mediaInline"):
-            out.append(_media(n))
-        elif kind in ("placeholder", "inlineExtension"):
-            out.append(_attr(n, "text") or _attr(n, "extensionKey") or "")
-        else:
-            out.append(str(n.get("text", "")) if isinstance(n.get("text"), str) else "")
-            out.append(_inline(_children(n)))
-    return "".join(out)
 
 
 def _prefix(text: str, indent: str) -> str:

@@ -1,14 +1,15 @@
 """Jira issues as the REST API returns them (``GET /rest/api/2|3/issue/KEY``).
 
-``key``, ``fields.summary``, ``fields.description``, ``fields.reporter``,
-``fields.comment.comments[]`` (``author.displayName``, ``body``, ``created``) and
-``fields.attachment[]``. v2 text is wiki markup and is kept as text; v3 text is an
-Atlassian Document Format document, converted to plain text by :mod:`._adf` (the catalogue
-records ``"conversion": "adf-text/1"``). Either may appear in any text field. Other keys
-are ignored. A blank description makes the summary the report's text. An author of
-``accountType`` ``app`` is a bot (kept, ``human: false``). Every listed attachment is
-recorded in the catalogue as referenced; intake marks it supplied when a file of that
-name is attached with ``--attach``.
+``key``, ``fields.summary``, ``fields.description``, ``fields.environment``,
+``fields.reporter``, ``fields.comment.comments[]`` (``author.displayName``, ``body``,
+``created``) and ``fields.attachment[]``. v2 text is wiki markup and is kept as text; v3
+text is an Atlassian Document Format document, converted to plain text by :mod:`._adf`
+(the catalogue records ``"conversion": "adf-text/2"``; a catalogue recorded by
+``adf-text/1`` is read back by that conversion). Either may appear in any text field.
+Other keys are ignored. A blank description makes the summary the report's text. An
+author of ``accountType`` ``app`` is a bot (kept, ``human: false``). Every listed
+attachment is recorded in the catalogue as referenced; intake marks it supplied when a
+file of that name is attached with ``--attach``.
 """
 
 from __future__ import annotations
@@ -20,11 +21,24 @@ import attrs
 from .._errors import ReportRejected
 from .._strict import LENIENT
 from .._text import is_blank
-from ._adf import adf_problem, adf_text, is_adf
+from ._adf import LATEST, VERSIONS, adf_problem, adf_text, is_adf
 from ._github import public_url, valid_id
 from ._report import Referenced, Report, TextSource, structure
 
-ADF_CONVERSION = "adf-text/1"
+ADF_CONVERSION = f"adf-text/{LATEST}"
+_CONVERSIONS = {f"adf-text/{v}": v for v in VERSIONS}
+
+
+def converted(source: TextSource, conversion: Any) -> str | None:
+    """``source``'s text by ``conversion`` as a catalogue recorded it (an older version
+    of the ADF conversion, say), or ``None`` if that conversion cannot give it (unknown
+    to this version, or not one of this node's)."""
+    if conversion == source.conversion:
+        return source.text
+    version = _CONVERSIONS.get(conversion) if isinstance(conversion, str) else None
+    if version is None or source.node is None:
+        return None
+    return adf_text(source.node, version)
 
 
 @attrs.frozen
@@ -61,6 +75,7 @@ class _Fields:
     comment: _Comments | None = None
     attachment: tuple[_Attachment, ...] = ()
     created: str | None = None
+    environment: Any = None
 
 
 @attrs.frozen
@@ -70,7 +85,8 @@ class _Issue:
 
 
 def _text(value: Any, where: str, label: str) -> tuple[str | None, str | None]:
-    """(plain text, conversion) of a Jira text field: a string, an ADF document or null."""
+    """(plain text, conversion) of a Jira text field: a string, an ADF document or null.
+    The document itself is what a :class:`TextSource` keeps as its ``node``."""
     if value is None:
         return None, None
     if isinstance(value, str):
@@ -112,15 +128,22 @@ def parse_jira(data: Any, label: str) -> Report:
                            human=_human(f.reporter))
     else:
         first = TextSource("report", "/fields/description", _who(f.reporter), description,
-                           human=_human(f.reporter), conversion=conversion)
+                           human=_human(f.reporter), conversion=conversion,
+                           node=f.description if conversion else None)
     texts = [first]
+    environment, conv = _text(f.environment, "fields.environment", label)
+    if environment is not None and not is_blank(environment):
+        # The reporter's own words about where it happens (versions, browser, OS).
+        texts.append(TextSource("report", "/fields/environment", _who(f.reporter),
+                                environment, human=_human(f.reporter), conversion=conv,
+                                node=f.environment if conv else None))
     for i, c in enumerate(f.comment.comments if f.comment else ()):
         body, conv = _text(c.body, f"fields.comment.comments.{i}.body", label)
         if body is None or is_blank(body):
             continue
         texts.append(TextSource("comment", f"/fields/comment/comments/{i}/body",
                                 _who(c.author), body, human=_human(c.author),
-                                conversion=conv))
+                                conversion=conv, node=c.body if conv else None))
     referenced = tuple(Referenced(f"/fields/attachment/{i}", a.filename, a.size, a.mimeType)
                        for i, a in enumerate(f.attachment))
     key = issue.key if issue.key and not is_blank(issue.key) else None

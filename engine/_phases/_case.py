@@ -12,7 +12,7 @@ import attrs
 from .._canonical import sha256_hex
 from .._config import IntakeLimits
 from .._errors import ArchiveRejected, InvalidCaseId, ReportRejected
-from .._intake import TextSource, member_heads, parse_report
+from .._intake import TextSource, converted, member_heads, parse_report
 from ._view import HistoryProblem, PackageView
 
 HUMAN_KINDS = ("report", "comment", "observation")
@@ -114,7 +114,14 @@ class ReportTexts:
             if found is None:
                 raise HistoryProblem(f"source {s['source_id']}: {name} has no text at "
                                      f"{pointer}")
-            text, author, data = found.text, found.author, found.text.encode("utf-8")
+            # By the conversion the catalogue recorded (an older ADF conversion's text
+            # for a package taken in by an older version), never today's alone.
+            as_recorded = converted(found, origin.get("conversion"))
+            if as_recorded is None:
+                raise HistoryProblem(f"source {s['source_id']}: its recorded conversion "
+                                     f"{origin.get('conversion')!r} is not one this version "
+                                     f"of Viano knows for {name} at {pointer}")
+            text, author, data = as_recorded, found.author, as_recorded.encode("utf-8")
         if sha256_hex(data) != s.get("sha256"):
             raise HistoryProblem(f"source {s['source_id']} does not match its catalogue hash")
         return text, author

@@ -181,6 +181,49 @@ def test_a_jira_issues_listed_attachments_count_against_max_members(
     assert snapshot(store_dir) == existing_store
 
 
+@pytest.mark.parametrize("kinds", [("zip", "zip"), ("tar", "zip"), ("zip", "tar.gz"),
+                                   ("zip", "file"), ("file",) * 40])
+@pytest.mark.parametrize("total", [50, 51])
+def test_max_members_counts_a_cases_sources_not_each_inputs(
+        cli: Cli, tmp_path: Path, store_dir: Path, config: Path,
+        existing_store: dict[str, bytes], kinds: tuple[str, ...], total: int) -> None:
+    """Ten archives of max_members members each made a case of ten times that many, each
+    input under the limit. The report's texts, every plain attachment and every archive
+    member count together against max_members (50 here): at 50 the case is taken in, at 51
+    it is refused, whichever input goes past it, and nothing is written."""
+    report = tmp_path / "r.json"  # the body and 9 comments: 10 sources
+    report.write_text(json.dumps({"title": "t", "body": "b", "comments": [
+        {"author": "a", "body": f"c{i}"} for i in range(9)]}))
+    archives = [i for i, k in enumerate(kinds) if k != "file"]
+    room = total - 10 - (len(kinds) - len(archives))  # what the plain files leave
+    if not archives:  # 40 plain files, and one more for 51
+        kinds = kinds + ("file",) * room
+    files = []
+    for i, kind in enumerate(kinds):
+        path = tmp_path / f"in{i}.{kind}"
+        if kind == "file":
+            path.write_text("hello\n")
+        else:  # the archives share the room, the last taking what is left
+            count = room // len(archives) if i != archives[-1] else \
+                room - room // len(archives) * (len(archives) - 1)
+            members = [(f"m{i}/{j}.log", b"x\n") for j in range(count)]
+            if kind == "zip":
+                A.zip_with(path, members)
+            else:
+                A.tar_with(path, members, mode="w:gz" if kind == "tar.gz" else "w")
+        files += ["--attach", f"diagnostics={path}"]
+    r = cli("intake", "--json", "--store", store_dir, "--config", config, "--report", report,
+            *files, "--case-id", "SUM-1")
+    if total == 50:
+        assert r.code == 0, r.out
+        assert len(r.json["catalogue"]["sources"]) == 50  # type: ignore[index]
+        return
+    assert r.code == 2, r.out
+    assert r.json["error"]["reason"] == "limit_exceeded", r.out  # type: ignore[index]
+    assert "max_members=50" in r.json["error"]["message"]  # type: ignore[index]
+    assert snapshot(store_dir) == existing_store
+
+
 class TestArchiveRefusals:
     @pytest.mark.parametrize("label", sorted(ARCHIVES))
     def test_refused_with_reason_and_nothing_written(
@@ -223,12 +266,13 @@ class TestArchiveRefusals:
         assert error["reason"] == "limit_exceeded" and "central directory" in error["message"]
         assert opened == [], "zipfile read the directory before it was counted"
         # At the limit the same form is read as zipfile reads it (by the directory's size,
-        # as here): the count is exact, not a guess.
-        fine = lying(tmp_path / "fine.zip", 50)
+        # as here): the count is exact, not a guess. 49 members and the report's body are
+        # the case's 50 sources.
+        fine = lying(tmp_path / "fine.zip", 49)
         r = cli("intake", "--json", "--store", tmp_path / "s", "--config", config,
                 "--report", _report(tmp_path), "--attach", f"diagnostics={fine}")
         assert r.code == 0, r.out
-        assert len(r.json["catalogue"]["sources"]) > 50  # type: ignore[index]
+        assert len(r.json["catalogue"]["sources"]) == 50  # type: ignore[index]
 
     def test_refusal_on_a_new_store_creates_no_store(self, cli: Cli, tmp_path: Path,
                                                      config: Path) -> None:

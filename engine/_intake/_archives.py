@@ -163,9 +163,12 @@ def scan_archive(path: Path, kind: str, limits: IntakeLimits, label: str,
 
 
 def scan_open_archive(f: IO[bytes], kind: str, limits: IntakeLimits, label: str,
-                      progress: Callable[[int], None] | None = None) -> list[MemberInfo]:
+                      progress: Callable[[int], None] | None = None, *,
+                      members_left: int | None = None) -> list[MemberInfo]:
     """Like :func:`scan_archive`, through one already open file: every read of the scan
-    is of that file, so renaming another file over its path cannot change what is read."""
+    is of that file, so renaming another file over its path cannot change what is read.
+    ``members_left``: what remains of ``max_members`` for a case that holds other sources
+    already (it counts a case's sources, not one archive's)."""
     fd = f.fileno()
 
     def opener() -> IO[bytes]:
@@ -173,7 +176,10 @@ def scan_open_archive(f: IO[bytes], kind: str, limits: IntakeLimits, label: str,
         return os.fdopen(os.dup(fd), "rb")
 
     scanner = _ZipScan if kind == "zip" else _TarScan
-    return scanner(opener, os.fstat(fd).st_size, limits, label, progress).run()
+    scan = scanner(opener, os.fstat(fd).st_size, limits, label, progress)
+    if members_left is not None:
+        scan.member_limit = min(scan.member_limit, max(0, members_left))
+    return scan.run()
 
 
 def member_heads(opener: Opener, size: int, kind: str, wanted: dict[str, int],
@@ -199,6 +205,14 @@ class _Scan:
         self.seen: set[str] = set()
         self.archive_size = size
         self.wanted = wanted
+        self.member_limit = limits.max_members
+
+    def too_many(self) -> str:
+        """The limit a count went past, as the user set it."""
+        if self.member_limit < self.limits.max_members:
+            return (f"max_members={self.limits.max_members} (with the case's other "
+                    f"sources, {self.limits.max_members - self.member_limit})")
+        return f"max_members={self.limits.max_members}"
 
     def refuse(self, member: str | None, what: str,
                reason: str = "limit_exceeded") -> ArchiveRejected:
@@ -207,8 +221,8 @@ class _Scan:
 
     def check_count(self) -> None:
         self.count += 1
-        if self.count > self.limits.max_members:
-            raise self.refuse(None, f"more than max_members={self.limits.max_members} members")
+        if self.count > self.member_limit:
+            raise self.refuse(None, f"more members than {self.too_many()}")
 
     def check_name(self, name: str) -> str:
         """Return the name without a trailing '/', refusing anything unsafe."""
@@ -339,9 +353,9 @@ class _ZipScan(_Scan):
                 if record[:4] != b"PK\x06\x06" or len(record) < 56:
                     raise self.refuse(None, "zip64 record damaged", "corrupt_archive")
                 entries, cd_size = struct.unpack("<32xQQ", record[:48])
-        if entries > self.limits.max_members:
+        if entries > self.member_limit:
             raise self.refuse(None, f"declares {entries} members, more than "
-                                    f"max_members={self.limits.max_members}")
+                                    f"{self.too_many()}")
         if cd_size > MAX_CENTRAL_DIRECTORY:
             raise self.refuse(None, f"its central directory is {cd_size} bytes, more than "
                                     f"{MAX_CENTRAL_DIRECTORY}")
@@ -355,7 +369,7 @@ class _ZipScan(_Scan):
         if start < 0:
             raise self.refuse(None, "its central directory starts before the file",
                               "corrupt_archive")
-        limit = self.limits.max_members
+        limit = self.member_limit
         with self.corrupt_on_error(None), self.open() as f:
             f.seek(start)
             count, used = 0, 0
@@ -365,7 +379,7 @@ class _ZipScan(_Scan):
                     break  # zipfile refuses what follows as damaged: not ours to judge
                 count += 1
                 if count > limit:
-                    raise self.refuse(None, f"holds more than max_members={limit} members "
+                    raise self.refuse(None, f"holds more members than {self.too_many()} "
                                             "in its central directory")
                 name, extra, comment = struct.unpack("<28xHHH12x", head)
                 skip = name + extra + comment

@@ -161,8 +161,12 @@ def prepare_intake(report_path: Path, attachments: Sequence[Attachment], *,
     supplied: dict[str, str] = {}
     for att in attachments:
         name = input_name(att.path)
+        # max_members bounds a case's sources, not each input's: ten archives of
+        # max_members members each were a case of ten times that many.
+        left = limits.max_members - sources
         with _readable(att.path):
-            source, doc = _catalogue_attachment(cat, att, name, limits, progress)
+            source, doc = _catalogue_attachment(cat, att, name, limits, progress, left)
+        sources += doc.get("members", 1)
         files[name] = source
         inputs_doc.append(doc)
         supplied.setdefault(att.path.name, name)
@@ -238,7 +242,9 @@ _MEDIA = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]{0,62}/[a-z0-9][a-z0-9!#$&^_.+-]{
 
 def _catalogue_attachment(cat: CatalogueBuilder, att: Attachment, name: str,
                           limits: IntakeLimits, progress: Callable[[int], None] | None,
-                          ) -> tuple[BlobSource, dict[str, Any]]:
+                          members_left: int) -> tuple[BlobSource, dict[str, Any]]:
+    """Catalogue one attachment: a file as one source, an archive as its members (at most
+    ``members_left`` of them: what the case's other sources leave of max_members)."""
     check_regular(att.path)
     kind = archive_kind(att.path) if att.role in EXPANDED_ROLES else None
     claimed = named_kind(att.path.name)
@@ -257,6 +263,11 @@ def _catalogue_attachment(cat: CatalogueBuilder, att: Attachment, name: str,
                                   hint="Attach the real archive, or attach the file with "
                                        "the 'attachment' role to store it as it is.")
     if kind is None:
+        if members_left < 1:
+            raise InputRejected(f"{_shown(att.path)}: the case already has max_members="
+                                f"{limits.max_members} sources", reason="limit_exceeded",
+                                hint="Raise [intake.limits] max_members, or attach fewer "
+                                     "files.")
         size_limit = limits.max_member_bytes
         with open_regular(att.path) as f:
             digest, size = hash_stream(f, size_limit)
@@ -278,7 +289,8 @@ def _catalogue_attachment(cat: CatalogueBuilder, att: Attachment, name: str,
     # store re-hashes the path at commit, so a swap after this is refused there.
     with open_regular(att.path) as f:
         digest, size = hash_stream(f)
-        members = scan_open_archive(f, kind, limits, str(att.path), progress)
+        members = scan_open_archive(f, kind, limits, str(att.path), progress,
+                                    members_left=members_left)
         f.seek(0)
         if hash_stream(f) != (digest, size):
             raise InputRejected(f"{_shown(att.path)}: the archive changed while it was read",

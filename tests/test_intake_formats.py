@@ -162,7 +162,7 @@ def test_jira_v3_adf_converted_and_a_supplied_attachment(tmp_path: Path) -> None
     sources = _sources(doc)
     assert sources[0]["origin"] == {"input": "inputs/jira_v3.json",
                                     "pointer": "/fields/description",
-                                    "conversion": "adf-text/2"}
+                                    "conversion": "adf-text/3"}
     assert [s["kind"] for s in sources] == ["report", "comment", "comment", "attachment",
                                             "attachment"]  # the empty ADF comment: none
     assert sources[2]["human"] is False  # accountType app
@@ -208,14 +208,35 @@ AS_BY_2 = ("- [x] repro on 4.1\n  - [x] with cache\n  - [ ] without cache\n\n"
            "Burndown Crash rate by build\n\nstatus-macro red BLOCKER")
 
 
+# What adf-text/2 dropped: a card given by its JSON-LD data instead of a URL, an external
+# media's URL, a bodied macro's parameters.
+DROPPED_BY_2 = {"type": "doc", "content": [
+    {"type": "paragraph", "content": [
+        {"type": "text", "text": "see "},
+        {"type": "inlineCard", "attrs": {"data": {"@type": "Document", "name": "Runbook 12",
+                                                  "url": "https://wiki.example/rb12"}}}]},
+    {"type": "blockCard", "attrs": {"data": {"name": "Crash dashboard"}}},
+    {"type": "mediaSingle", "content": [{"type": "media", "attrs": {
+        "type": "external", "url": "https://img.example/trace.png"}}]},
+    {"type": "bodiedExtension", "attrs": {
+        "extensionKey": "expand-macro", "parameters": {"macroParams": {
+            "title": {"value": "Full stack trace"}}}},
+     "content": [{"type": "paragraph", "content": [{"type": "text", "text": "at main()"}]}]}]}
+AS_BY_2_OF_2 = "see \n\n[media: media]\n\nat main()"  # the cards were empty
+AS_BY_3 = ("see Runbook 12 https://wiki.example/rb12\n\nCrash dashboard\n\n"
+           "[media: https://img.example/trace.png]\n\nFull stack trace\n\nat main()")
+
+
 def test_adf_conversion_2_keeps_what_1_dropped_and_1_stays_as_released() -> None:
     assert adf_text(DROPPED_BY_1, 1) == AS_BY_1
-    assert adf_text(DROPPED_BY_1) == adf_text(DROPPED_BY_1, 2) == AS_BY_2
+    assert adf_text(DROPPED_BY_1, 2) == adf_text(DROPPED_BY_1, 3) == AS_BY_2
+    assert adf_text(DROPPED_BY_2, 2) == AS_BY_2_OF_2
+    assert adf_text(DROPPED_BY_2) == adf_text(DROPPED_BY_2, 3) == AS_BY_3
     # Version 1 of what both convert alike is what it always was.
     doc = json.loads((REPORTS / "jira_v3.json").read_text())["fields"]["description"]
-    assert adf_text(doc, 1) == adf_text(doc, 2) == EXPECTED_ADF
+    assert adf_text(doc, 1) == adf_text(doc, 2) == adf_text(doc, 3) == EXPECTED_ADF
     with pytest.raises(ValueError, match="unknown ADF conversion"):
-        adf_text(doc, 3)
+        adf_text(doc, 4)
 
 
 def _jira_v3(path: Path, description: Any, environment: Any = None) -> Path:
@@ -248,9 +269,9 @@ def test_a_catalogue_recorded_by_adf_text_1_is_read_back_by_it(
     ctx = _context(tmp_path / "s", "OLD-ADF")["untrusted_case_data"]
     assert ctx["human_texts"][0]["text"] == AS_BY_1
     assert run_viano("verify", "--store", tmp_path / "s").returncode == 0
-    # Taken in today, the same report is converted by adf-text/2.
+    # Taken in today, the same report is converted by today's conversion.
     doc = _intake(tmp_path / "s", report, "--case-id", "NEW-ADF")
-    assert _sources(doc)[0]["origin"]["conversion"] == "adf-text/2"
+    assert _sources(doc)[0]["origin"]["conversion"] == "adf-text/3"
     ctx = _context(tmp_path / "s", "NEW-ADF")["untrusted_case_data"]
     assert ctx["human_texts"][0]["text"] == AS_BY_2
 
@@ -261,7 +282,7 @@ def test_a_recorded_conversion_unknown_here_is_refused_not_replaced() -> None:
     report = parse_report(json.dumps({"key": "OPS-7", "fields": {
         "summary": "s", "description": DROPPED_BY_1}}).encode(), "x.json")
     text = report.by_pointer()["/fields/description"]
-    assert converted(text, "adf-text/2") == AS_BY_2
+    assert converted(text, "adf-text/3") == converted(text, "adf-text/2") == AS_BY_2
     assert converted(text, "adf-text/1") == AS_BY_1
     for unknown in ("adf-text/9", None, 1, ["adf-text/1"]):  # a newer Viano's, or damage
         assert converted(text, unknown) is None

@@ -52,8 +52,8 @@ def adf_problem(doc: Any) -> str | None:
     return None
 
 
-LATEST = 2
-VERSIONS = (1, 2)
+LATEST = 3
+VERSIONS = (1, 2, 3)
 
 
 def adf_text(doc: Any, version: int = LATEST) -> str:
@@ -63,7 +63,9 @@ def adf_text(doc: Any, version: int = LATEST) -> str:
 
     Version 2 keeps what version 1 dropped: the done marks of a task list nested in a task
     list (and the markers of any list nested directly in a list), and a block
-    ``extension`` (a macro without a body: its text, or its key, and its parameters)."""
+    ``extension`` (a macro without a body: its text, or its key, and its parameters).
+    Version 3 also keeps a card given by its ``data`` (JSON-LD: its name and URL) rather
+    than a ``url``, an external media's URL, and a bodied macro's parameters."""
     if version not in VERSIONS:
         raise ValueError(f"unknown ADF conversion version {version!r}")
     return _Converter(version).blocks(_children(doc), "").strip("\n")
@@ -129,13 +131,17 @@ class _Converter:
         if kind in ("mediaSingle", "mediaGroup", "media", "mediaInline"):
             caption = " ".join(self.inline(_children(c)) for c in _children(node)
                                if c.get("type") == "caption")
-            return _prefix(" ".join(x for x in (_media(node), caption) if x), indent)
+            return _prefix(" ".join(x for x in (self.media(node), caption) if x), indent)
         if kind in ("blockCard", "embedCard"):
-            return _prefix(_attr(node, "url") or "", indent)
+            return _prefix(self.card(node), indent)
         if kind in ("text", "hardBreak", "mention", "emoji", "inlineCard", "date", "status"):
             return _prefix(self.inline([node]), indent)
         if kind == "extension" and self.version >= 2:
             return _prefix(_extension(node), indent)
+        if kind == "bodiedExtension" and self.version >= 3:
+            params = " ".join(w for w in _strings(_params(node)) if not is_blank(w))
+            body = self.blocks(_children(node), indent)
+            return _BLOCK_SEP.join(x for x in (_prefix(params, indent), body) if x)
         # panel, expand, nestedExpand, layoutSection, and whatever comes next: the content.
         title = _attr(node, "title")
         body = self.blocks(_children(node), indent)
@@ -194,13 +200,13 @@ class _Converter:
             elif kind == "emoji":
                 out.append(_attr(n, "text") or _attr(n, "shortName") or "")
             elif kind in ("inlineCard", "blockCard", "embedCard"):
-                out.append(_attr(n, "url") or "")
+                out.append(self.card(n))
             elif kind == "date":
                 out.append(_attr(n, "timestamp") or "")
             elif kind == "status":
                 out.append(f"[{_attr(n, 'text') or ''}]")
             elif kind in ("media", "mediaInline"):
-                out.append(_media(n))
+                out.append(self.media(n))
             elif kind == "inlineExtension" and self.version >= 2:
                 out.append(_extension(n))
             elif kind in ("placeholder", "inlineExtension"):
@@ -211,13 +217,36 @@ class _Converter:
         return "".join(out)
 
 
+    def card(self, node: dict[str, Any]) -> str:
+        url = _attr(node, "url")
+        if url or self.version < 3:
+            return url or ""
+        attrs = node.get("attrs")
+        data = attrs.get("data") if isinstance(attrs, dict) else None
+        if not isinstance(data, dict):
+            return ""
+        found = [data.get(k) for k in ("name", "url")]
+        return " ".join(v for v in found if isinstance(v, str) and not is_blank(v))
+
+    def media(self, node: dict[str, Any]) -> str:
+        found = [c for c in [node, *_children(node)]
+                 if c.get("type") in ("media", "mediaInline")]
+        names = [(_attr(m, "alt") or _attr(m, "id")
+                  or (_attr(m, "url") if self.version >= 3 else None) or "media")
+                 for m in found]
+        return " ".join(f"[media: {n}]" for n in names) if names else ""
+
+
+def _params(node: dict[str, Any]) -> Any:
+    attrs = node.get("attrs")
+    return attrs.get("parameters") if isinstance(attrs, dict) else None
+
+
 def _extension(node: dict[str, Any]) -> str:
     """A macro without a body: its fallback text, or its key, then the text of its
     parameters, in the order the document gives them."""
     head = _attr(node, "text") or _attr(node, "extensionKey") or ""
-    attrs = node.get("attrs")
-    params = attrs.get("parameters") if isinstance(attrs, dict) else None
-    words = [w for w in _strings(params) if not is_blank(w)]
+    words = [w for w in _strings(_params(node)) if not is_blank(w)]
     return " ".join(x for x in (head, " ".join(words)) if x)
 
 
@@ -239,12 +268,6 @@ def _strings(value: Any) -> list[str]:
 
 def _longest_backtick_run(text: str) -> int:
     return max((len(m) for m in re.findall(r"`+", text)), default=0)
-
-
-def _media(node: dict[str, Any]) -> str:
-    found = [c for c in [node, *_children(node)] if c.get("type") in ("media", "mediaInline")]
-    names = [(_attr(m, "alt") or _attr(m, "id") or "media") for m in found]
-    return " ".join(f"[media: {n}]" for n in names) if names else ""
 
 
 def _prefix(text: str, indent: str) -> str:

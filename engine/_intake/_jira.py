@@ -4,8 +4,8 @@
 ``fields.reporter``, ``fields.comment.comments[]`` (``author.displayName``, ``body``,
 ``created``) and ``fields.attachment[]``. v2 text is wiki markup and is kept as text; v3
 text is an Atlassian Document Format document, converted to plain text by :mod:`._adf`
-(the catalogue records ``"conversion": "adf-text/2"``; a catalogue recorded by
-``adf-text/1`` is read back by that conversion). Either may appear in any text field.
+(the catalogue records ``"conversion": "adf-text/3"``; a catalogue recorded by an
+older version is read back by that conversion). Either may appear in any text field.
 Other keys are ignored. A blank description makes the summary the report's text. An
 author of ``accountType`` ``app`` is a bot (kept, ``human: false``). Every listed
 attachment is recorded in the catalogue as referenced; intake marks it supplied when a

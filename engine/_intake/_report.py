@@ -38,7 +38,7 @@ class TextSource:
     """One human (or bot) text of a report. ``pointer`` is an RFC 6901 pointer into the
     original JSON (``None``: the whole file); ``marks`` are extra catalogue fields, such as
     ``("minimized", "outdated")``; ``conversion`` names how ``text`` was derived from the
-    node the pointer names, when it is not that node's string (``adf-text/2``), and
+    node the pointer names, when it is not that node's string (``adf-text/3``), and
     ``node`` is then that node, to convert again by the conversion a catalogue recorded."""
 
     kind: str

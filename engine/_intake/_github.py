@@ -64,6 +64,8 @@ class _GhIssue:
 @attrs.frozen
 class _RestComment:
     body: str | None = None
+    body_text: str | None = None
+    body_html: str | None = None
     user: _User | None = None
     created_at: str | None = None
     html_url: str | None = None
@@ -73,6 +75,8 @@ class _RestComment:
 class _RestIssue:
     title: str
     body: str | None = None
+    body_text: str | None = None
+    body_html: str | None = None
     user: _User | None = None
     number: int | None = None
     html_url: str | None = None
@@ -160,21 +164,40 @@ def valid_id(stem: str, suffix: str = "", *, identity: str | None = None,
     return clean[: 64 - len(tag) - len(suffix)].rstrip("._-") + suffix + tag
 
 
-def _texts(title: str, body: str | None, base: str, author: _User | None,
-           comments: Sequence[tuple[str, str | None, _User | None, tuple[tuple[str, str], ...]]],
-           ) -> tuple[TextSource, ...]:
+Bodies = Sequence[tuple[str, str | None]]  # (pointer, text): the first not blank is read
+
+
+def _first(bodies: Bodies) -> tuple[str, str] | None:
+    return next(((p, t) for p, t in bodies if t is not None and not is_blank(t)), None)
+
+
+def _texts(title: str, bodies: Bodies, base: str, author: _User | None,
+           comments: Sequence[tuple[Bodies, _User | None, tuple[tuple[str, str], ...]]],
+           ) -> tuple[tuple[TextSource, ...], tuple[TextSource, ...]]:
+    """(the texts, the texts an older catalogue may name instead). A REST issue fetched as
+    ``text+json`` or ``html+json`` has its text in ``body_text`` or ``body_html``, not
+    ``body``: its title was its only text. The title stays readable for a catalogue that
+    recorded it so."""
     login = author.login if author else None
-    if body is None or is_blank(body):
-        first = TextSource("report", f"{base}/title", login, title, human=not is_bot(author))
-    else:
-        first = TextSource("report", f"{base}/body", login, body, human=not is_bot(author))
+    human = not is_bot(author)
+    titled = TextSource("report", f"{base}/title", login, title, human=human)
+    body = _first(bodies)
+    first = titled if body is None else TextSource("report", body[0], login, body[1],
+                                                   human=human)
+    older = (titled,) if body is not None and not body[0].endswith("/body") else ()
     out = [first]
-    for pointer, text, user, marks in comments:
-        if text is None or is_blank(text):
+    for texts, user, marks in comments:
+        found = _first(texts)
+        if found is None:
             continue
-        out.append(TextSource("comment", pointer, user.login if user else None, text,
+        out.append(TextSource("comment", found[0], user.login if user else None, found[1],
                               human=not is_bot(user), marks=marks))
-    return tuple(out)
+    return tuple(out), older
+
+
+def _rest_bodies(base: str, x: _RestIssue | _RestComment) -> Bodies:
+    return [(f"{base}/body", x.body), (f"{base}/body_text", x.body_text),
+            (f"{base}/body_html", x.body_html)]
 
 
 def _minimized(c: _GhComment) -> tuple[tuple[str, str], ...]:
@@ -199,10 +222,10 @@ def parse_gh(data: Any, label: str) -> Report:
     issue = structure(LENIENT, data, _GhIssue, label)
     _check_title(issue.title, label)
     identity, origin = _identity(issue.url, None, issue.number)
-    comments = [(f"/comments/{i}/body", c.body, c.author, _minimized(c))
+    comments = [([(f"/comments/{i}/body", c.body)], c.author, _minimized(c))
                 for i, c in enumerate(issue.comments)]
-    return Report(format="github", title=issue.title,
-                  texts=_texts(issue.title, issue.body, "", issue.author, comments),
+    texts, older = _texts(issue.title, [("/body", issue.body)], "", issue.author, comments)
+    return Report(format="github", title=issue.title, texts=texts, older=older,
                   identity=identity, issue={"format": "github", "shape": "gh", **origin})
 
 
@@ -216,10 +239,10 @@ def parse_rest(data: Any, label: str) -> Report:
         issue, rest_comments, base = structure(LENIENT, data, _RestIssue, label), (), ""
     _check_title(issue.title, label)
     identity, origin = _identity(issue.html_url, issue.repository_url, issue.number)
-    comments = [(f"/comments/{i}/body", c.body, c.user, ())
+    comments = [(_rest_bodies(f"/comments/{i}", c), c.user, ())
                 for i, c in enumerate(rest_comments)]
-    return Report(format="github", title=issue.title,
-                  texts=_texts(issue.title, issue.body, base, issue.user, comments),
+    texts, older = _texts(issue.title, _rest_bodies(base, issue), base, issue.user, comments)
+    return Report(format="github", title=issue.title, texts=texts, older=older,
                   identity=identity,
                   issue={"format": "github", "shape": "rest-combined" if combined else "rest",
                          **origin})

@@ -502,6 +502,33 @@ class TestTamperResistance:
         check.close()
         assert any("pointer hypotheses" in v.what for v in report.violations)
 
+    @pytest.mark.parametrize("forged", ["no record", "a stray record"])
+    async def test_a_revision_raised_without_a_reopen_gets_no_second_batch(
+            self, tmp_path: Path, server: LoopbackServer, forged: str) -> None:
+        """A generation published through the store's API that only raises the revision
+        (no reopen, so no record, or a record where reopen never writes one) is refused by
+        both phases before any model call (unsupported_history): it got a new
+        interpretation, a second batch and another allocation, and only verify saw it."""
+        async with services(tmp_path / "s", [http_provider("p", "openai",
+                                                           server.openai_url)]) as sv:
+            pkg = await _confirmed(sv)
+            r = await HypothesisBuilder(sv.store, sv.gateway, _policy()).build("BUG-20", pkg)
+            assert r.status == "COMPLETED" and _calls(server) == 1, r
+            calls = len(server.requests)
+            snap = await sv.store.snapshot("BUG-20")
+            files = {} if forged == "no record" else {
+                "analysis/revisions/0003.json": BytesSource.of(b"{}")}
+            await snap.publish(Change(files=files, analysis_revision=2))
+            r = await dispatch_phase(sv, INTERPRETATION, "BUG-20", interpretation_request())
+            assert (r.status, r.reason) == ("ERROR", "unsupported_history"), r
+            assert "revision" in r.message
+            r = await HypothesisBuilder(sv.store, sv.gateway, _policy()).build("BUG-20", pkg)
+            assert (r.status, r.reason) == ("ERROR", "unsupported_history"), r
+            assert len(server.requests) == calls
+            snap = await sv.store.snapshot("BUG-20")
+            assert not snap.has("analysis/hypotheses/0002/registry.json")
+            assert not snap.has("analysis/interpretation/0002/policy.json")
+
     async def test_an_imported_history_whose_batch_was_edited(
             self, tmp_path: Path, server: LoopbackServer) -> None:
         """An export whose batch generation carries a registry the answer does not give

@@ -52,9 +52,9 @@ from ._protocol import decide as decide
 from ._protocol import due_delay as due_delay
 from ._protocol import phase_dir as phase_dir
 from ._records import policy_like as policy_like
-from ._records import recorded_at_ok, recorded_by_ok
 from ._report import report_document as report_document
 from ._report import report_markdown as report_markdown
+from ._revisions import revision_path, revision_record_problems
 from ._runner import enter_change as enter_change
 from ._runner import judge_change as judge_change
 from ._runner import load_state as load_state
@@ -223,54 +223,23 @@ def _intake_problems(view: PackageView, first: Manifest) -> list[str]:
     return out
 
 
-REVISIONS = "analysis/revisions/"
-
-
 def _revision_problems(view: PackageView, manifests: Sequence[Manifest]) -> list[str]:
     """Every analysis revision after the first was made by ``reopen``: in the generation
     that raised the revision by one, which added its record, and no other record is
-    there. An import could otherwise plant a later revision's record (the case could then
-    never be reopened: the path is write-once), raise the revision with no record, or
-    point ``revision`` anywhere; verify passed them all."""
-    m = view.manifest
-    out: list[str] = []
-    wanted = {f"{REVISIONS}{r:04d}.json": r for r in range(2, m.analysis_revision + 1)}
-    stray = sorted(p for p in m.paths_under(REVISIONS) if p not in wanted)
-    if stray:
-        out.append(f"{', '.join(stray[:3])} {'is' if len(stray) == 1 else 'are'} no record "
-                   f"of a revision reopened before revision {m.analysis_revision}")
-    pointer = m.pointers.get("revision")
-    expected = f"{REVISIONS}{m.analysis_revision:04d}.json" if m.analysis_revision > 1 \
-        else None
-    if pointer != expected:
-        out.append(f"the revision pointer is {pointer!r}, not {expected!r}")
+    there (the head's part: :func:`revision_record_problems`). An import could otherwise
+    plant a later revision's record (the case could then never be reopened: the path is
+    write-once), raise the revision with no record, or point ``revision`` anywhere; verify
+    passed them all."""
+    out = revision_record_problems(view)
     for parent, child in itertools.pairwise(manifests):
         rev = child.analysis_revision
         if rev == parent.analysis_revision:
             continue
-        path = f"{REVISIONS}{rev:04d}.json"
+        path = revision_path(rev)
         if rev != parent.analysis_revision + 1 or path in parent.files or \
                 path not in child.files or child.phase != REOPENED:
             out.append(f"generation {child.package_generation} raised the revision from "
                        f"{parent.analysis_revision} to {rev} without reopening it")
-    for path, rev in wanted.items():
-        if path not in m.files:
-            out.append(f"revision {rev} has no record of its reopening ({path})")
-            continue
-        try:
-            doc = view.read_object(path)
-        except HistoryProblem as exc:
-            out.append(str(exc))
-            continue
-        fields = {"format": "viano-revision/1", "analysis_revision": rev,
-                  "previous_revision": rev - 1}
-        wrong = [k for k, v in fields.items() if doc.get(k) != v or type(doc.get(k)) is not
-                 type(v)]
-        wrong += [k for k in ("previous_phase", "reason") if not isinstance(doc.get(k), str)]
-        wrong += [] if recorded_by_ok(doc.get("reopened_by")) else ["reopened_by"]
-        wrong += [] if recorded_at_ok(doc.get("reopened_at")) else ["reopened_at"]
-        if wrong:
-            out.append(f"{path} is not the record reopen writes ({', '.join(wrong)})")
     return out
 
 

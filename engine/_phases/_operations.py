@@ -14,6 +14,7 @@ from ._interpretation import PHASE as INTERPRETATION_PHASE
 from ._interpretation import artifact_paths, confirmation_bytes, interpretation_problems
 from ._protocol import blocked_series, exhausted_by, parse_rounds, phase_dir
 from ._records import person
+from ._revisions import revision_path
 from ._spec import PhaseSpec
 from ._view import PackageView, remember_written
 
@@ -62,7 +63,7 @@ def reopen_change(view: PackageView, reason: str, by: str) -> tuple[Change, Case
                            reason="revision_limit",
                            hint="Nothing was written. Take the case in again as a new case "
                                 "(viano intake) to analyse it afresh.")
-    path = f"analysis/revisions/{new:04d}.json"
+    path = revision_path(new)
     doc = {"format": "viano-revision/1", "analysis_revision": new,
            "previous_revision": m.analysis_revision, "previous_phase": m.phase,
            "reason": reason, "reopened_by": person(by), "reopened_at": utc_now_iso()}

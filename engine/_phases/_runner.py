@@ -43,6 +43,7 @@ from ._protocol import (
     phase_dir,
     round_path,
 )
+from ._revisions import revision_record_problems
 from ._spec import Accepted, PhaseSpec, Problem, paths, policy_bytes
 from ._view import HistoryProblem, PackageView, remember_written
 
@@ -65,7 +66,7 @@ def load_state(spec: PhaseSpec, view: PackageView, status: CaseStatus | None,
     return PhaseState(
         key=spec.key, phase=spec.phase, package_id=m.package_id, revision=rev,
         entered=entered, accepted=history is None and spec.accepted(view, rev),
-        history_problem=history, precheck=_precheck(spec, view),
+        history_problem=history, precheck=_precheck(spec, view, revision_record_problems(view)),
         pinned_policy_sha=view.sha(p["policy"]),
         current_policy_sha=sha256_hex(policy_bytes(spec, rev, spec.policy(request))),
         context_sha=view.sha(p["context"]), prompt_id=prompt.prompt_id,
@@ -73,7 +74,12 @@ def load_state(spec: PhaseSpec, view: PackageView, status: CaseStatus | None,
         last_round=last_doc, status=status)
 
 
-def _precheck(spec: PhaseSpec, view: PackageView) -> Refusal | None:
+def _precheck(spec: PhaseSpec, view: PackageView, revisions: list[str]) -> Refusal | None:
+    """The head's revision records first (a generation that raised the revision with no
+    reopen would otherwise get that revision's phases, batch and budgets), then the
+    phase's own preconditions."""
+    if revisions:
+        return Refusal(ERROR, "unsupported_history", "; ".join(revisions))
     try:
         return spec.precheck(view)
     except HistoryProblem as exc:

@@ -151,7 +151,7 @@ def is_utf8(text: str) -> bool:
 
 
 # Letters and symbols that render as nothing (Hangul fillers, the blank braille pattern).
-_INVISIBLE = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+INVISIBLE_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")  # render as nothing
 
 
 def is_blank(text: str) -> bool:
@@ -160,7 +160,7 @@ def is_blank(text: str) -> bool:
     marks with no character to combine with, or the few letters that render as nothing.
     Unassigned code points are not blank: they may be characters newer than this
     Python's Unicode tables."""
-    return all(ch.isspace() or ch in _INVISIBLE
+    return all(ch.isspace() or ch in INVISIBLE_LETTERS
                or unicodedata.category(ch) in _BLANK_CATEGORIES for ch in text)
 
 

@@ -211,6 +211,39 @@ class TestNormalization:
     def test_different_words_stay_different(self) -> None:
         assert normalized("cache miss") != normalized("cache hit")
 
+    @pytest.mark.parametrize("unseen", ["\ufe0f", "\ufe00", "\U000e0100", "\u034f",
+                                        "\u3164", "\u115f", "\uffa0", "\u2800"])
+    def test_what_shows_as_nothing_vanishes_too(self, unseen: str) -> None:
+        """A variation selector, a combining grapheme joiner or a letter that renders as
+        nothing made a copy of a title distinct; the first release's form (verify's, for
+        batches it accepted) keeps them."""
+        assert normalized(f"cache{unseen} miss") == normalized("cache miss")
+        assert normalized("cache miss".replace(" ", unseen)) == normalized("cache miss")
+        assert normalized(f"cache{unseen} miss", legacy=True) != normalized("cache miss")
+
+    def test_marks_that_show_still_count(self) -> None:
+        """Only what shows as nothing goes: a Devanagari vowel sign is a different word."""
+        assert normalized("\u0915\u0941\u0924\u094d\u0924\u093e") != \
+            normalized("\u0915\u0924\u094d\u0924\u093e")
+
+
+@pytest.mark.no_store  # pure: runs once, not per backend
+@pytest.mark.parametrize("second", ["H1's title + U+FE0F", "punctuation alone"])
+def test_near_duplicates_are_duplicates_and_verify_keeps_what_it_accepted(
+        second: str) -> None:
+    """Two titles that differ by what shows as nothing, or that are punctuation alone,
+    are duplicate_title. verify judges an accepted batch by the first release's rule
+    (legacy), which accepted them: a batch it accepted stays valid."""
+    doc = copy.deepcopy(ANSWER)
+    hyps = doc["hypotheses"]
+    if second == "punctuation alone":
+        hyps[0]["title"], hyps[2]["title"] = "!!!", "???"
+    else:
+        hyps[2]["title"] = hyps[0]["title"].replace(" ", " \ufe0f", 1)
+    assert ("duplicate_title", "/hypotheses/2/title") in _problems(doc)
+    legacy = validate_hypotheses(doc, CASE, INTERP, 3, 5, legacy=True)
+    assert not [p for p in legacy if p.rule.startswith("duplicate_")]
+
 
 _TEXT = st.text(alphabet=st.characters(codec="utf-8", categories=("L", "N")), min_size=3,
                 max_size=30)

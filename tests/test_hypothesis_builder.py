@@ -502,6 +502,38 @@ class TestTamperResistance:
         check.close()
         assert any("pointer hypotheses" in v.what for v in report.violations)
 
+    async def test_a_batch_the_first_release_accepted_still_verifies(
+            self, tmp_path: Path, server: LoopbackServer,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        """Near-duplicate titles (one with a U+FE0F the first release's normaliser kept)
+        are refused now, but a batch that release accepted stays valid: verify judges it
+        by that release's rule, not today's."""
+        import engine._phases._hypotheses as hyp
+
+        answer = json.loads(json.dumps(HYP_ANSWER))
+        answer["hypotheses"][2]["title"] = answer["hypotheses"][0]["title"].replace(
+            " ", " \ufe0f", 1)
+        server.answers["hypotheses_v1"] = json.dumps(answer)
+        real = hyp.normalized
+        async with services(tmp_path / "s", [http_provider("p", "openai",
+                                                           server.openai_url)]) as sv:
+            pkg = await _confirmed(sv)
+            with monkeypatch.context() as m:  # the first release's builder
+                m.setattr(hyp, "normalized", lambda text, legacy=False: real(text, legacy=True))
+                r = await HypothesisBuilder(sv.store, sv.gateway, _policy()).build("BUG-20",
+                                                                                  pkg)
+            assert r.status == "COMPLETED", r
+        check = open_ro(tmp_path / "s")
+        report = verify_store(check, checks=PHASE_CHECKS)
+        check.close()
+        assert report.ok, report.violations
+        async with services(tmp_path / "t", [http_provider("p", "openai",
+                                                           server.openai_url)]) as sv:
+            pkg = await _confirmed(sv)
+            r = await HypothesisBuilder(sv.store, sv.gateway, _policy()).build("BUG-20", pkg)
+            assert (r.status, r.reason) == ("ERROR", "invalid_answer"), r
+            assert "duplicate_title" in r.message
+
     @pytest.mark.parametrize("forged", ["no record", "a stray record"])
     async def test_a_revision_raised_without_a_reopen_gets_no_second_batch(
             self, tmp_path: Path, server: LoopbackServer, forged: str) -> None:

@@ -24,7 +24,7 @@ import attrs
 from .._canonical import artifact_json, sha256_hex
 from .._config import Config, HypothesisPolicy
 from .._gateway import parse_contracted_json
-from .._text import markdown_code, markdown_inert
+from .._text import INVISIBLE_LETTERS, markdown_code, markdown_inert
 from .._text import markdown_inline as _markdown_inline
 from ._case import CaseRecord, catalogue_for_prompt, read_case
 from ._interpretation import GROUNDED, confirmed, interpretation_problems
@@ -74,17 +74,29 @@ def artifact_paths(revision: int) -> dict[str, str]:
 _ASCII_PUNCTUATION = frozenset(string.punctuation)  # Unicode calls some of these symbols
 
 
-def normalized(text: str) -> str:
+# What shows as nothing though Unicode does not call it a format character: variation
+# selectors (an emoji's U+FE0F), the combining grapheme joiner, and the letters that render
+# as nothing (a Hangul filler in place of each space).
+_UNSEEN = frozenset({*map(chr, range(0xFE00, 0xFE10)), *map(chr, range(0xE0100, 0xE01F0)),
+                     "\u034f", *INVISIBLE_LETTERS})
+
+
+def normalized(text: str, *, legacy: bool = False) -> str:
     """A title or mechanism with its presentation removed: Unicode compatibility form,
     case (folded both ways, so that ``ı`` upper-cased still matches), punctuation
     (Unicode's, and every ASCII punctuation mark even where Unicode calls it a symbol:
-    backquotes, ``+``, ``|``), format characters and whitespace, so that those differences
-    alone never make two hypotheses distinct."""
+    backquotes, ``+``, ``|``), format characters, what shows as nothing (``_UNSEEN``) and
+    whitespace, so that those differences alone never make two hypotheses distinct.
+
+    ``legacy``: as the first release normalised (it kept ``_UNSEEN``), which is how verify
+    judges an accepted batch again: every batch that release accepted stays valid, and
+    each accepted now is valid by it too (this form only makes more texts equal)."""
     nfkc = unicodedata.normalize("NFKC", text)
     folded = unicodedata.normalize("NFKC", nfkc.casefold().upper().casefold())
     return "".join(ch for ch in folded
                    if not unicodedata.category(ch).startswith(("P", "Z", "C"))
-                   and ch not in _ASCII_PUNCTUATION and not ch.isspace())
+                   and ch not in _ASCII_PUNCTUATION and not ch.isspace()
+                   and (legacy or ch not in _UNSEEN))
 
 
 @attrs.frozen
@@ -265,9 +277,10 @@ class HypothesesSpec:
 
 
 def validate_hypotheses(answer: Any, case: CaseRecord, interp: Interpretation,
-                        minimum: int, maximum: int) -> list[Problem]:
+                        minimum: int, maximum: int, *, legacy: bool = False) -> list[Problem]:
     """Every rule of the hypotheses answer, each problem with its rule and JSON pointer.
-    Pure."""
+    Pure. ``legacy``: duplicates as the first release found them (verify's judgement of an
+    accepted batch; see :func:`normalized`)."""
     c = Checker()
     doc = c.object(answer, "", required=("hypotheses",), forbidden=FORBIDDEN)
     if doc is None:
@@ -306,8 +319,10 @@ def validate_hypotheses(answer: Any, case: CaseRecord, interp: Interpretation,
         for field, seen, rule in (("title", titles, "duplicate_title"),
                                   ("mechanism", mechanisms, "duplicate_mechanism")):
             value = h.get(field)
-            if isinstance(value, str) and normalized(value):
-                key = normalized(value)
+            # Two texts of punctuation alone ("!!!", "???") are the same, as any others
+            # are; the first release compared only texts that kept a character.
+            if isinstance(value, str) and (normalized(value, legacy=legacy) or not legacy):
+                key = normalized(value, legacy=legacy)
                 if key in seen:
                     c.add(rule, f"{where}/{field}", f"the same {field} as hypothesis "
                                                     f"{seen[key] + 1}, up to case, "
@@ -449,7 +464,7 @@ def batch_problems(view: PackageView, revision: int) -> list[str]:
         case = read_case(view)
         problems = validate_hypotheses(answer, case, read_interpretation(view, revision),
                                        int(policy["min_hypotheses"]),
-                                       int(policy["max_hypotheses"]))
+                                       int(policy["max_hypotheses"]), legacy=True)
         if problems:
             return [f"the answer behind the batch is not valid ({problems[0].rule})"]
         expected = batch_files(answer, view, round_path, policy, revision)

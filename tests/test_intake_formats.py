@@ -130,23 +130,95 @@ def test_github_rest_bodies_as_text_or_html_are_read(tmp_path: Path, shape: str)
         ("and on 4.2", "w")][:len(expected)]
 
 
-def test_a_github_catalogue_that_named_the_title_still_reads(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A package taken in before body_text was read catalogued the title as its text: the
-    phases still find it there (and verify passes), though today's intake reads the body."""
-    import engine._intake._github as github
+GH_OTHER_KEYS = {"number": 8, "title": "Crash on save", "body": "It crashes.",
+                 "author": {"login": "ana"}, "url": "https://github.com/acme/app/issues/8",
+                 "comments": [{"body": "me too", "user": {"login": "renovate[bot]"}}]}
+JIRA_NO_NAMES = {"key": "OPS-9", "fields": {
+    "summary": "Export hangs", "description": "It hangs.", "environment": "Firefox 130",
+    "reporter": {"emailAddress": "ana@example.com"},
+    "customfield_10010": {"type": "doc", "content": [{"type": "paragraph", "content": [
+        {"type": "text", "text": "1. open a 2 GB file"}]}]},
+    "customfield_10011": "0|i0000f:",
+    "comment": {"comments": [{"body": "me too", "author": {"accountId": "5b10ac8d"}}]}}}
+
+
+@pytest.mark.parametrize("data, reader_1, reader_2", [
+    (REST_TEXT, [("report", "/issue/title", "Export hangs", "u")],
+     [("report", "/issue/body_text", "Steps: open a 2 GB file.", "u"),
+      ("comment", "/comments/0/body_html", "<p>Same on <b>4.1</b></p>", "v"),
+      ("comment", "/comments/1/body_text", "and on 4.2", "w")]),
+    (GH_OTHER_KEYS, [("report", "/body", "It crashes.", "ana"),
+                     ("comment", "/comments/0/body", "me too", None)],
+     [("report", "/body", "It crashes.", "ana")]),  # the comment is a bot's: no human text
+    (JIRA_NO_NAMES, [("report", "/fields/description", "It hangs.", None),
+                     ("comment", "/fields/comment/comments/0/body", "me too", None)],
+     [("report", "/fields/description", "It hangs.", "ana@example.com"),
+      ("report", "/fields/environment", "Firefox 130", "ana@example.com"),
+      ("report", "/fields/customfield_10010", "1. open a 2 GB file", "ana@example.com"),
+      ("comment", "/fields/comment/comments/0/body", "me too", "5b10ac8d")])],
+    ids=["github body_text", "github author keys", "jira names and fields"])
+def test_each_package_is_read_by_the_reader_that_took_it_in(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: dict[str, Any],
+        reader_1: list[tuple[str, str, str, str | None]],
+        reader_2: list[tuple[str, str, str, str | None]]) -> None:
+    """Reader 2 of GitHub and Jira reads texts and authors reader 1 missed (a REST body as
+    text or HTML; an author under the other shape's key, or known by email or account
+    id; Jira's environment and ADF custom fields). A package reader 1 took in records no
+    reader, and is read again by reader 1: its texts, authors and pinned contexts are what
+    they were, so verify still passes. Today's intake records reader 2."""
+    import engine._intake._formats as formats
     from tests.test_store_integrity import _publish
 
-    report = tmp_path / "gh.json"
-    report.write_text(json.dumps(REST_TEXT))
-    with monkeypatch.context() as m:  # the older version read body alone
-        m.setattr(github, "_rest_bodies", lambda base, x: [(f"{base}/body", x.body)])
-        plan = prepare_intake(report, [], case_id="OLD-GH", limits=IntakeLimits())
-    assert [s["origin"]["pointer"] for s in plan.catalogue["sources"]] == ["/issue/title"]
+    report = tmp_path / "issue.json"
+    report.write_text(json.dumps(data))
+    fmt = "jira" if "fields" in data else "github"
+    with monkeypatch.context() as m:  # an intake by a version before readers
+        m.setitem(formats.READERS, fmt, 1)
+        plan = prepare_intake(report, [], case_id="OLD-1", limits=IntakeLimits())
     trio.run(_publish, tmp_path / "s", plan)
-    texts = _context(tmp_path / "s", "OLD-GH")["untrusted_case_data"]["human_texts"]
-    assert [t["text"] for t in texts] == ["Export hangs"]
+    doc = _intake(tmp_path / "s", report, "--case-id", "NEW-1")
+    for case, expected, recorded in (("OLD-1", reader_1, None), ("NEW-1", reader_2, 2)):
+        intake = json.loads(run_viano("cat", "--store", tmp_path / "s", case,
+                                      "case/intake.json").stdout)
+        assert intake["inputs"][0].get("reader") == recorded
+        ctx = _context(tmp_path / "s", case)["untrusted_case_data"]
+        pointers = {s["source_id"]: s["origin"]["pointer"] for s in ctx["catalogue"]}
+        got = [(t["kind"], pointers[t["source_id"]], t["text"], t["author"])
+               for t in ctx["human_texts"]]
+        assert got == expected
+    assert doc["case_id"] == "NEW-1"
     assert run_viano("verify", "--store", tmp_path / "s").returncode == 0
+
+
+@pytest.mark.parametrize("data, where", [
+    ({"key": "P-1", "fields": {"summary": "s", "description": "d",
+                               "comments": [{"body": "lost"}]}}, "fields.comments"),
+    ({"issue": {"title": "t", "body": None, "body_text": 7, "user": {"login": "u"}},
+      "comments": []}, "issue.body_text"),
+    ({"title": "t", "body": "b", "author": {"login": "a"},
+      "comments": [{"body": "c", "user": "not an object"}]}, "user")],
+    ids=["jira comments misspelt", "body_text not text", "other author key not a user"])
+def test_what_reader_2_reads_it_checks(tmp_path: Path, data: dict[str, Any],
+                                       where: str) -> None:
+    """What reader 2 reads is held to its type, and Jira comments under a misspelt key
+    are refused rather than dropped; nothing is written."""
+    report = tmp_path / "r.json"
+    report.write_text(json.dumps(data))
+    r = run_viano("intake", "--json", "--store", tmp_path / "s", "--report", report)
+    assert r.returncode == 2, r.stdout
+    error = json.loads(r.stdout)["error"]
+    assert error["reason"] == "invalid_report" and where in error["message"], error
+    assert not (tmp_path / "s").exists() or run_viano(
+        "status", "--json", "--store", tmp_path / "s").stdout.count('"case_id"') == 0
+
+
+def test_a_reader_this_version_does_not_have_is_a_history_problem() -> None:
+    raw = json.dumps(GH_OTHER_KEYS).encode()
+    assert parse_report(raw, "x.json", "github", reader=1).texts[1].author is None
+    assert parse_report(raw, "x.json", "github", reader=2).texts[1].author == "renovate[bot]"
+    for reader in (3, 0, "2", True, 2.0):
+        with pytest.raises(ReportRejected, match="does not have"):
+            parse_report(raw, "x.json", "github", reader=reader)
 
 
 def test_jira_v2_wiki_text_and_attachments_not_supplied(tmp_path: Path) -> None:

@@ -27,6 +27,12 @@ from ._jira import parse_jira
 from ._report import NATIVE_KEYS, Report, parse_native, parse_text
 
 FORMATS = ("viano", "github", "jira", "text")
+# The version of each format's reader that intake uses now, recorded with the input
+# (``"reader"`` in case/intake.json; none recorded is version 1). The phases read a stored
+# report again by the version that read it at intake: the audit derives each pinned
+# context again, so a reader that now reads an author or a text differently would
+# otherwise break every older package. A released version never changes.
+READERS = {"github": 2, "jira": 2}
 # What case/intake.json records for each (the native JSON report was "json" before
 # formats existed; old packages keep reading the same).
 RECORDED = {"viano": "json", "github": "github", "jira": "jira", "text": "text"}
@@ -72,9 +78,11 @@ def decode(raw: bytes, label: str) -> str:
 
 
 def parse_report(raw: bytes, label: str, fmt: str | None = None, *,
-                 json_only: bool = False) -> Report:
+                 json_only: bool = False, reader: Any = None) -> Report:
     """The report in ``raw``, read as ``fmt`` (one of :data:`FORMATS`, or a recorded
     name) or as the content says. ``json_only``: never text (a line of a JSON Lines file).
+    ``reader``: the version of the format's reader (:data:`READERS`), as recorded at
+    intake; ``None`` is today's for a new report, and an unknown one is refused.
     Refuses (``ReportRejected``) anything else."""
     fmt = {"json": "viano"}.get(fmt or "", fmt)
     if fmt is not None and fmt not in FORMATS:
@@ -114,13 +122,14 @@ def parse_report(raw: bytes, label: str, fmt: str | None = None, *,
                                  f"({', '.join(found)})", reason="ambiguous_format",
                                  hint=_hint())
         fmt = found[0]
+    version = _reader(fmt, reader, label)
     try:
         if fmt == "jira":
-            return parse_jira(data, label)
+            return parse_jira(data, label, version)
         if fmt == "github":
             gh = "author" in data or "createdAt" in data or (
                 "issue" not in data and "user" not in data and "html_url" not in data)
-            return parse_gh(data, label) if gh else parse_rest(data, label)
+            return parse_gh(data, label, version) if gh else parse_rest(data, label, version)
         return parse_native(data, label)
     except ReportRejected as exc:
         if fmt == "viano" or exc.hint != ReportRejected.default_hint:
@@ -131,3 +140,15 @@ def parse_report(raw: bytes, label: str, fmt: str | None = None, *,
         # (or of a whole --batch); the readers refuse what they know by name.
         raise ReportRejected(f"{label}: cannot be read as a {fmt} report "
                              f"({type(exc).__name__}: {str(exc)[:200]})", hint=_hint()) from exc
+
+
+def _reader(fmt: str, reader: Any, label: str) -> int:
+    latest = READERS.get(fmt, 1)
+    if reader is None:
+        return latest
+    if type(reader) is not int or not 1 <= reader <= latest:
+        raise ReportRejected(f"{label}: read at intake by {fmt} reader {reader!r}, which "
+                             "this version of Viano does not have",
+                             hint="Use the Viano version that took the case in, or a newer "
+                                  "one.")
+    return reader

@@ -44,6 +44,7 @@ class _User:
 class _GhComment:
     body: str
     author: _User | None = None
+    user: Any = None  # the REST shape's key (hand-combined): read from reader 2 on
     createdAt: str | None = None
     url: str | None = None
     isMinimized: bool | None = None
@@ -64,9 +65,10 @@ class _GhIssue:
 @attrs.frozen
 class _RestComment:
     body: str | None = None
-    body_text: str | None = None
-    body_html: str | None = None
+    body_text: Any = None  # read from reader 2 on, as body_html
+    body_html: Any = None
     user: _User | None = None
+    author: Any = None  # gh's key (hand-combined): read from reader 2 on
     created_at: str | None = None
     html_url: str | None = None
 
@@ -75,8 +77,8 @@ class _RestComment:
 class _RestIssue:
     title: str
     body: str | None = None
-    body_text: str | None = None
-    body_html: str | None = None
+    body_text: Any = None  # read from reader 2 on, as body_html
+    body_html: Any = None
     user: _User | None = None
     number: int | None = None
     html_url: str | None = None
@@ -173,18 +175,14 @@ def _first(bodies: Bodies) -> tuple[str, str] | None:
 
 def _texts(title: str, bodies: Bodies, base: str, author: _User | None,
            comments: Sequence[tuple[Bodies, _User | None, tuple[tuple[str, str], ...]]],
-           ) -> tuple[tuple[TextSource, ...], tuple[TextSource, ...]]:
-    """(the texts, the texts an older catalogue may name instead). A REST issue fetched as
-    ``text+json`` or ``html+json`` has its text in ``body_text`` or ``body_html``, not
-    ``body``: its title was its only text. The title stays readable for a catalogue that
-    recorded it so."""
+           ) -> tuple[TextSource, ...]:
     login = author.login if author else None
     human = not is_bot(author)
-    titled = TextSource("report", f"{base}/title", login, title, human=human)
     body = _first(bodies)
-    first = titled if body is None else TextSource("report", body[0], login, body[1],
-                                                   human=human)
-    older = (titled,) if body is not None and not body[0].endswith("/body") else ()
+    if body is None:
+        first = TextSource("report", f"{base}/title", login, title, human=human)
+    else:
+        first = TextSource("report", body[0], login, body[1], human=human)
     out = [first]
     for texts, user, marks in comments:
         found = _first(texts)
@@ -192,12 +190,23 @@ def _texts(title: str, bodies: Bodies, base: str, author: _User | None,
             continue
         out.append(TextSource("comment", found[0], user.login if user else None, found[1],
                               human=not is_bot(user), marks=marks))
-    return tuple(out), older
+    return tuple(out)
 
 
-def _rest_bodies(base: str, x: _RestIssue | _RestComment) -> Bodies:
-    return [(f"{base}/body", x.body), (f"{base}/body_text", x.body_text),
-            (f"{base}/body_html", x.body_html)]
+def _rest_bodies(base: str, x: _RestIssue | _RestComment, reader: int,
+                 label: str) -> Bodies:
+    """Where a REST issue's or comment's text is, in order. From reader 2 on, an issue
+    fetched as ``text+json`` or ``html+json`` is read from ``body_text`` or ``body_html``
+    when ``body`` is missing or blank (reader 1 took the title, and no comment)."""
+    bodies: list[tuple[str, str | None]] = [(f"{base}/body", x.body)]
+    if reader >= 2:
+        for key in ("body_text", "body_html"):
+            value = getattr(x, key)
+            if value is not None and not isinstance(value, str):
+                raise ReportRejected(f"{label}: {base.lstrip('/') or 'issue'}.{key}: "
+                                     f"expected a string, got {type(value).__name__}")
+            bodies.append((f"{base}/{key}", value))
+    return bodies
 
 
 def _minimized(c: _GhComment) -> tuple[tuple[str, str], ...]:
@@ -217,19 +226,31 @@ def _require_body(data: Any, label: str) -> None:
                                   "text.")
 
 
-def parse_gh(data: Any, label: str) -> Report:
+def _either(first: _User | None, other: Any, reader: int, where: str) -> _User | None:
+    """A comment's author under its shape's key, or (reader 2 on) under the other
+    shape's: reader 1 read only its shape's, so such a comment had no author, and a bot
+    there was taken for a person. Reader 1 never looked at the other key, so what it
+    holds is checked only from reader 2 on (a stored report it read stays readable)."""
+    if first is not None or reader < 2 or other is None:
+        return first
+    return structure(LENIENT, other, _User, where)
+
+
+def parse_gh(data: Any, label: str, reader: int) -> Report:
     _require_body(data, label)
     issue = structure(LENIENT, data, _GhIssue, label)
     _check_title(issue.title, label)
     identity, origin = _identity(issue.url, None, issue.number)
-    comments = [([(f"/comments/{i}/body", c.body)], c.author, _minimized(c))
-                for i, c in enumerate(issue.comments)]
-    texts, older = _texts(issue.title, [("/body", issue.body)], "", issue.author, comments)
-    return Report(format="github", title=issue.title, texts=texts, older=older,
+    comments = [([(f"/comments/{i}/body", c.body)],
+                 _either(c.author, c.user, reader, f"{label}: comments.{i}.user"),
+                 _minimized(c)) for i, c in enumerate(issue.comments)]
+    return Report(format="github", title=issue.title,
+                  texts=_texts(issue.title, [("/body", issue.body)], "", issue.author,
+                               comments),
                   identity=identity, issue={"format": "github", "shape": "gh", **origin})
 
 
-def parse_rest(data: Any, label: str) -> Report:
+def parse_rest(data: Any, label: str, reader: int) -> Report:
     combined = isinstance(data, dict) and "issue" in data
     _require_body(data["issue"] if combined else data, label)
     if combined:
@@ -239,10 +260,12 @@ def parse_rest(data: Any, label: str) -> Report:
         issue, rest_comments, base = structure(LENIENT, data, _RestIssue, label), (), ""
     _check_title(issue.title, label)
     identity, origin = _identity(issue.html_url, issue.repository_url, issue.number)
-    comments = [(_rest_bodies(f"/comments/{i}", c), c.user, ())
+    comments = [(_rest_bodies(f"/comments/{i}", c, reader, label),
+                 _either(c.user, c.author, reader, f"{label}: comments.{i}.author"), ())
                 for i, c in enumerate(rest_comments)]
-    texts, older = _texts(issue.title, _rest_bodies(base, issue), base, issue.user, comments)
-    return Report(format="github", title=issue.title, texts=texts, older=older,
+    return Report(format="github", title=issue.title,
+                  texts=_texts(issue.title, _rest_bodies(base, issue, reader, label), base,
+                               issue.user, comments),
                   identity=identity,
                   issue={"format": "github", "shape": "rest-combined" if combined else "rest",
                          **origin})

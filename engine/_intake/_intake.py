@@ -38,7 +38,7 @@ from ._archives import (
     unread_archive,
 )
 from ._catalogue import CatalogueBuilder, media_type
-from ._formats import parse_report
+from ._formats import READERS, parse_report
 from ._report import Report
 
 ROLES = ("diagnostics", "source", "attachment")
@@ -156,8 +156,11 @@ def prepare_intake(report_path: Path, attachments: Sequence[Attachment], *,
 
     cat = CatalogueBuilder()
     catalogue_report(cat, report, stored_name, raw)
-    inputs_doc = [{"input": stored_name, "role": "report", "format": report.format,
-                   "sha256": files[stored_name].sha256, "size": len(raw)}]
+    inputs_doc: list[dict[str, Any]] = [{
+        "input": stored_name, "role": "report", "format": report.format,
+        "sha256": files[stored_name].sha256, "size": len(raw)}]
+    if READERS.get(report.format, 1) > 1:  # none recorded is reader 1, as before readers
+        inputs_doc[0]["reader"] = READERS[report.format]
     supplied: dict[str, str] = {}
     for att in attachments:
         name = input_name(att.path)

@@ -14,6 +14,7 @@ file of that name is attached with ``--attach``.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import attrs
@@ -46,6 +47,8 @@ class _Person:
     displayName: str | None = None
     name: str | None = None
     accountType: str | None = None
+    emailAddress: Any = None  # read from reader 2 on, as accountId
+    accountId: Any = None
 
 
 @attrs.frozen
@@ -101,8 +104,14 @@ def _text(value: Any, where: str, label: str) -> tuple[str | None, str | None]:
                          f"Format document, got {type(value).__name__}")
 
 
-def _who(person: _Person | None) -> str | None:
-    return (person.displayName or person.name) if person else None
+def _who(person: _Person | None, reader: int) -> str | None:
+    """A person's name; from reader 2 on, their email address or account id where Jira
+    gives no name (reader 1 made such an author nobody)."""
+    if person is None:
+        return None
+    later = (person.emailAddress, person.accountId) if reader >= 2 else ()
+    return person.displayName or person.name or next(
+        (v for v in later if isinstance(v, str) and not is_blank(v)), None)
 
 
 def _human(person: _Person | None) -> bool:
@@ -117,32 +126,55 @@ def _key_id(key: str) -> str:
     return valid_id(key, identity=key)
 
 
-def parse_jira(data: Any, label: str) -> Report:
+_CUSTOM = re.compile(r"customfield_[0-9]{1,18}")
+
+
+def parse_jira(data: Any, label: str, reader: int) -> Report:
+    """The issue as reader ``reader`` reads it. Reader 2 adds ``fields.environment`` and
+    every custom field that holds an ADF document (a project's "Steps to reproduce") as
+    the reporter's sources, names an author by email or account id when Jira gives no
+    name, and refuses a ``fields.comments`` list (Jira's are under ``fields.comment``)."""
     issue = structure(LENIENT, data, _Issue, label)
     f = issue.fields
     if is_blank(f.summary):
         raise ReportRejected(f"{label}: fields.summary: must not be blank")
+    raw_fields = data["fields"]
+    if reader >= 2 and "comments" in raw_fields and "comment" not in raw_fields:
+        raise ReportRejected(f"{label}: fields.comments: Jira's comments are under "
+                             "fields.comment.comments; these would be lost",
+                             hint="Export the issue as Jira's REST API returns it, or rename "
+                                  "the key to fields.comment: {\"comments\": [...]}.")
+
+    def who(person: _Person | None) -> str | None:
+        return _who(person, reader)
+
     description, conversion = _text(f.description, "fields.description", label)
     if description is None or is_blank(description):
-        first = TextSource("report", "/fields/summary", _who(f.reporter), f.summary,
+        first = TextSource("report", "/fields/summary", who(f.reporter), f.summary,
                            human=_human(f.reporter))
     else:
-        first = TextSource("report", "/fields/description", _who(f.reporter), description,
+        first = TextSource("report", "/fields/description", who(f.reporter), description,
                            human=_human(f.reporter), conversion=conversion,
                            node=f.description if conversion else None)
     texts = [first]
-    environment, conv = _text(f.environment, "fields.environment", label)
-    if environment is not None and not is_blank(environment):
-        # The reporter's own words about where it happens (versions, browser, OS).
-        texts.append(TextSource("report", "/fields/environment", _who(f.reporter),
-                                environment, human=_human(f.reporter), conversion=conv,
-                                node=f.environment if conv else None))
+    # The reporter's own words beside the description: where it happens (versions,
+    # browser, OS), and a project's own text fields. A custom field that is a plain
+    # string is left out: most are ids, ranks and flags.
+    more = [("environment", f.environment)] if reader >= 2 else []
+    more += [(k, v) for k, v in raw_fields.items()
+             if reader >= 2 and _CUSTOM.fullmatch(k) and is_adf(v)]
+    for name, value in more:
+        text, conv = _text(value, f"fields.{name}", label)
+        if text is not None and not is_blank(text):
+            texts.append(TextSource("report", f"/fields/{name}", who(f.reporter), text,
+                                    human=_human(f.reporter), conversion=conv,
+                                    node=value if conv else None))
     for i, c in enumerate(f.comment.comments if f.comment else ()):
         body, conv = _text(c.body, f"fields.comment.comments.{i}.body", label)
         if body is None or is_blank(body):
             continue
         texts.append(TextSource("comment", f"/fields/comment/comments/{i}/body",
-                                _who(c.author), body, human=_human(c.author),
+                                who(c.author), body, human=_human(c.author),
                                 conversion=conv, node=c.body if conv else None))
     referenced = tuple(Referenced(f"/fields/attachment/{i}", a.filename, a.size, a.mimeType)
                        for i, a in enumerate(f.attachment))

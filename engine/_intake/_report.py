@@ -71,12 +71,9 @@ class Report:
     identity: str | None = None  # the issue's own identity, made a valid case id
     issue: Mapping[str, Any] | None = None  # where the issue came from, for intake.json
     referenced: tuple[Referenced, ...] = ()
-    # Texts an older version catalogued where this one reads another (a REST issue's title,
-    # where its body_text is read now): readable by pointer, never catalogued again.
-    older: tuple[TextSource, ...] = ()
 
     def by_pointer(self) -> dict[str | None, TextSource]:
-        return {t.pointer: t for t in (*self.older, *self.texts)}
+        return {t.pointer: t for t in self.texts}
 
 
 def _not_blank(_inst: object, attribute: attrs.Attribute[str], value: str) -> None:

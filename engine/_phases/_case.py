@@ -86,9 +86,11 @@ class ReportTexts:
 
     def __init__(self, view: PackageView, case: CaseRecord):
         self.view = view
-        self.formats = {i["input"]: i.get("format") for i in case.intake.get("inputs") or []
-                        if isinstance(i, dict) and i.get("role") == "report"
-                        and isinstance(i.get("input"), str)}
+        reports = [i for i in case.intake.get("inputs") or [] if isinstance(i, dict)
+                   and i.get("role") == "report" and isinstance(i.get("input"), str)]
+        self.formats = {i["input"]: i.get("format") for i in reports}
+        # The reader version that read each at intake (none recorded: version 1).
+        self.readers = {i["input"]: i.get("reader", 1) for i in reports}
         self.parsed: dict[str, dict[str | None, TextSource]] = {}
 
     def resolve(self, s: Mapping[str, Any]) -> tuple[str, str | None]:
@@ -105,7 +107,8 @@ class ReportTexts:
             if name not in self.parsed:
                 fmt = self.formats.get(name)
                 try:
-                    report = parse_report(raw, name, fmt if isinstance(fmt, str) else "json")
+                    report = parse_report(raw, name, fmt if isinstance(fmt, str) else "json",
+                                          reader=self.readers.get(name, 1))
                 except (ReportRejected, InvalidCaseId) as exc:
                     raise HistoryProblem(f"{name} is not the report intake read: "
                                          f"{exc}") from exc

@@ -289,6 +289,26 @@ def test_jira_v3_adf_converted_and_a_supplied_attachment(tmp_path: Path) -> None
                                              "https://acme.atlassian.net/browse/UI-80")
 
 
+@pytest.mark.parametrize("sizes, supplied", [((10, 3), [False, True]), ((3, 3), [True, False]),
+                                             ((None, 99), [True, False])])
+def test_one_file_is_one_listed_attachment(tmp_path: Path, sizes: tuple[int | None, int],
+                                           supplied: list[bool]) -> None:
+    """Two listed attachments of one name and one file of that name: the file is the one
+    whose listed size is its own (3 bytes here), else the first; both were marked
+    supplied, so the model was told a 99,999-byte shot was in hand."""
+    report = tmp_path / "jira.json"
+    report.write_text(json.dumps({"key": "P-2", "fields": {
+        "summary": "s", "description": "d",
+        "attachment": [{"filename": "shot.png", "size": n} for n in sizes]}}))
+    shot = tmp_path / "shot.png"
+    shot.write_bytes(b"png")
+    doc = _intake(tmp_path / "s", report, "--attach", shot)
+    listed = [s for s in _sources(doc) if s["origin"].get("pointer", "").startswith(
+        "/fields/attachment/")]
+    assert [s["supplied"] for s in listed] == supplied
+    assert [s.get("supplied_as") for s in listed if s["supplied"]] == ["inputs/shot.png"]
+
+
 def test_adf_conversion_is_deterministic_and_keeps_content() -> None:
     doc = json.loads((REPORTS / "jira_v3.json").read_text())["fields"]["description"]
     assert adf_text(doc) == adf_text(json.loads(json.dumps(doc))) == EXPECTED_ADF

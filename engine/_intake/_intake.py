@@ -161,7 +161,7 @@ def prepare_intake(report_path: Path, attachments: Sequence[Attachment], *,
         "sha256": files[stored_name].sha256, "size": len(raw)}]
     if READERS.get(report.format, 1) > 1:  # none recorded is reader 1, as before readers
         inputs_doc[0]["reader"] = READERS[report.format]
-    supplied: dict[str, str] = {}
+    supplied: dict[str, tuple[str, int]] = {}  # file name: (input, size)
     for att in attachments:
         name = input_name(att.path)
         # max_members bounds a case's sources, not each input's: ten archives of
@@ -172,7 +172,7 @@ def prepare_intake(report_path: Path, attachments: Sequence[Attachment], *,
         sources += doc.get("members", 1)
         files[name] = source
         inputs_doc.append(doc)
-        supplied.setdefault(att.path.name, name)
+        supplied.setdefault(att.path.name, (name, source.size))
     _catalogue_referenced(cat, report, stored_name, supplied)
 
     catalogue = cat.document()
@@ -223,15 +223,26 @@ def catalogue_report(cat: CatalogueBuilder, report: Report, name: str, raw: byte
 
 
 def _catalogue_referenced(cat: CatalogueBuilder, report: Report, name: str,
-                          supplied: dict[str, str]) -> None:
+                          supplied: dict[str, tuple[str, int]]) -> None:
     """Attachments the report lists (Jira): each recorded, after the supplied inputs, as
-    supplied (naming the input of the same file name) or as referenced, not supplied."""
-    for ref in report.referenced:
-        base = ref.name.replace("\\", "/").rsplit("/", 1)[-1]
+    supplied (naming the input of the same file name) or as referenced, not supplied. A
+    supplied file is one listed attachment's, not every one of its name's (two listed
+    ``shot.png`` were both marked supplied by one file): the one whose listed size is the
+    file's, else the first of that name."""
+    bases = [ref.name.replace("\\", "/").rsplit("/", 1)[-1] for ref in report.referenced]
+    claimed: dict[str, int] = {}  # file name: the listed attachment it is
+    for i, (ref, b) in enumerate(zip(report.referenced, bases, strict=True)):
+        if b not in supplied:
+            continue
+        given = supplied[b][1]
+        if b not in claimed or (ref.size == given
+                                and report.referenced[claimed[b]].size != given):
+            claimed[b] = i
+    for i, (ref, b) in enumerate(zip(report.referenced, bases, strict=True)):
         size = ref.size if ref.size is not None and 0 <= ref.size <= 2**62 else None
         extra: dict[str, Any] = {"name": ref.name}
-        if base in supplied:
-            extra |= {"supplied": True, "supplied_as": supplied[base]}
+        if claimed.get(b) == i:
+            extra |= {"supplied": True, "supplied_as": supplied[b][0]}
         else:
             extra |= {"supplied": False}
         media = ref.media_type if ref.media_type and _MEDIA.fullmatch(ref.media_type) \

@@ -135,7 +135,7 @@ GH_OTHER_KEYS = {"number": 8, "title": "Crash on save", "body": "It crashes.",
                  "comments": [{"body": "me too", "user": {"login": "renovate[bot]"}}]}
 JIRA_NO_NAMES = {"key": "OPS-9", "fields": {
     "summary": "Export hangs", "description": "It hangs.", "environment": "Firefox 130",
-    "reporter": {"emailAddress": "ana@example.com"},
+    "reporter": {"emailAddress": "ana@example.com", "accountId": "70121:ana"},
     "customfield_10010": {"type": "doc", "content": [{"type": "paragraph", "content": [
         {"type": "text", "text": "1. open a 2 GB file"}]}]},
     "customfield_10011": "0|i0000f:",
@@ -152,9 +152,9 @@ JIRA_NO_NAMES = {"key": "OPS-9", "fields": {
      [("report", "/body", "It crashes.", "ana")]),  # the comment is a bot's: no human text
     (JIRA_NO_NAMES, [("report", "/fields/description", "It hangs.", None),
                      ("comment", "/fields/comment/comments/0/body", "me too", None)],
-     [("report", "/fields/description", "It hangs.", "ana@example.com"),
-      ("report", "/fields/environment", "Firefox 130", "ana@example.com"),
-      ("report", "/fields/customfield_10010", "1. open a 2 GB file", "ana@example.com"),
+     [("report", "/fields/description", "It hangs.", "70121:ana"),  # never the email
+      ("report", "/fields/environment", "Firefox 130", "70121:ana"),
+      ("report", "/fields/customfield_10010", "1. open a 2 GB file", None),
       ("comment", "/fields/comment/comments/0/body", "me too", "5b10ac8d")])],
     ids=["github body_text", "github author keys", "jira names and fields"])
 def test_each_package_is_read_by_the_reader_that_took_it_in(
@@ -193,11 +193,9 @@ def test_each_package_is_read_by_the_reader_that_took_it_in(
 @pytest.mark.parametrize("data, where", [
     ({"key": "P-1", "fields": {"summary": "s", "description": "d",
                                "comments": [{"body": "lost"}]}}, "fields.comments"),
-    ({"issue": {"title": "t", "body": None, "body_text": 7, "user": {"login": "u"}},
-      "comments": []}, "issue.body_text"),
     ({"title": "t", "body": "b", "author": {"login": "a"},
       "comments": [{"body": "c", "user": "not an object"}]}, "user")],
-    ids=["jira comments misspelt", "body_text not text", "other author key not a user"])
+    ids=["jira comments misspelt", "other author key not a user"])
 def test_what_reader_2_reads_it_checks(tmp_path: Path, data: dict[str, Any],
                                        where: str) -> None:
     """What reader 2 reads is held to its type, and Jira comments under a misspelt key
@@ -278,7 +276,7 @@ def test_jira_v3_adf_converted_and_a_supplied_attachment(tmp_path: Path) -> None
     sources = _sources(doc)
     assert sources[0]["origin"] == {"input": "inputs/jira_v3.json",
                                     "pointer": "/fields/description",
-                                    "conversion": "adf-text/3"}
+                                    "conversion": "adf-text/2"}
     assert [s["kind"] for s in sources] == ["report", "comment", "comment", "attachment",
                                             "attachment"]  # the empty ADF comment: none
     assert sources[2]["human"] is False  # accountType app
@@ -344,8 +342,9 @@ AS_BY_2 = ("- [x] repro on 4.1\n  - [x] with cache\n  - [ ] without cache\n\n"
            "Burndown Crash rate by build\n\nstatus-macro red BLOCKER")
 
 
-# What adf-text/2 dropped: a card given by its JSON-LD data instead of a URL, an external
-# media's URL, a bodied macro's parameters.
+# More of what adf-text/1 dropped: a card given by its JSON-LD data instead of a URL, an
+# external media's URL, a bodied macro's parameters (its title it kept; the editor's
+# macroMetadata is no one's words).
 DROPPED_BY_2 = {"type": "doc", "content": [
     {"type": "paragraph", "content": [
         {"type": "text", "text": "see "},
@@ -356,23 +355,25 @@ DROPPED_BY_2 = {"type": "doc", "content": [
         "type": "external", "url": "https://img.example/trace.png"}}]},
     {"type": "bodiedExtension", "attrs": {
         "extensionKey": "expand-macro", "parameters": {"macroParams": {
-            "title": {"value": "Full stack trace"}}}},
+            "title": {"value": "Full stack trace"}, "lines": {"value": 40}},
+        "macroMetadata": {"macroId": {"value": "6a1e-uuid"}}}, "title": "Trace"},
      "content": [{"type": "paragraph", "content": [{"type": "text", "text": "at main()"}]}]}]}
-AS_BY_2_OF_2 = "see \n\n[media: media]\n\nat main()"  # the cards were empty
-AS_BY_3 = ("see Runbook 12 https://wiki.example/rb12\n\nCrash dashboard\n\n"
-           "[media: https://img.example/trace.png]\n\nFull stack trace\n\nat main()")
+AS_BY_1_OF_2 = "see \n\n[media: media]\n\nTrace\n\nat main()"  # the cards were empty
+AS_BY_2_OF_2 = ("see Runbook 12 https://wiki.example/rb12\n\nCrash dashboard\n\n"
+                "[media: https://img.example/trace.png]\n\nTrace\n\nFull stack trace 40"
+                "\n\nat main()")
 
 
 def test_adf_conversion_2_keeps_what_1_dropped_and_1_stays_as_released() -> None:
     assert adf_text(DROPPED_BY_1, 1) == AS_BY_1
-    assert adf_text(DROPPED_BY_1, 2) == adf_text(DROPPED_BY_1, 3) == AS_BY_2
-    assert adf_text(DROPPED_BY_2, 2) == AS_BY_2_OF_2
-    assert adf_text(DROPPED_BY_2) == adf_text(DROPPED_BY_2, 3) == AS_BY_3
+    assert adf_text(DROPPED_BY_1) == adf_text(DROPPED_BY_1, 2) == AS_BY_2
+    assert adf_text(DROPPED_BY_2, 1) == AS_BY_1_OF_2
+    assert adf_text(DROPPED_BY_2) == adf_text(DROPPED_BY_2, 2) == AS_BY_2_OF_2
     # Version 1 of what both convert alike is what it always was.
     doc = json.loads((REPORTS / "jira_v3.json").read_text())["fields"]["description"]
-    assert adf_text(doc, 1) == adf_text(doc, 2) == adf_text(doc, 3) == EXPECTED_ADF
+    assert adf_text(doc, 1) == adf_text(doc, 2) == EXPECTED_ADF
     with pytest.raises(ValueError, match="unknown ADF conversion"):
-        adf_text(doc, 4)
+        adf_text(doc, 3)
 
 
 def _jira_v3(path: Path, description: Any, environment: Any = None) -> Path:
@@ -384,41 +385,13 @@ def _jira_v3(path: Path, description: Any, environment: Any = None) -> Path:
     return path
 
 
-def test_a_catalogue_recorded_by_adf_text_1_is_read_back_by_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A package taken in by a version whose conversion was adf-text/1 keeps its texts and
-    hashes: the phases convert its stored original again by the conversion its catalogue
-    recorded, not by today's (which would make every such package fail its hash check,
-    and verify report it)."""
-    import engine._intake._jira as jira
-    from tests.test_store_integrity import _publish
-
-    report = _jira_v3(tmp_path / "ops.json", DROPPED_BY_1)
-    with monkeypatch.context() as m:  # the intake of the older version
-        m.setattr(jira, "ADF_CONVERSION", "adf-text/1")
-        m.setattr(jira, "adf_text", lambda doc: adf_text(doc, 1))
-        plan = prepare_intake(report, [], case_id="OLD-ADF", limits=IntakeLimits())
-    trio.run(_publish, tmp_path / "s", plan)
-    source = json.loads(run_viano("cat", "--store", tmp_path / "s", "OLD-ADF",
-                                  "case/catalogue.json").stdout)["sources"][0]
-    assert source["origin"]["conversion"] == "adf-text/1"
-    ctx = _context(tmp_path / "s", "OLD-ADF")["untrusted_case_data"]
-    assert ctx["human_texts"][0]["text"] == AS_BY_1
-    assert run_viano("verify", "--store", tmp_path / "s").returncode == 0
-    # Taken in today, the same report is converted by today's conversion.
-    doc = _intake(tmp_path / "s", report, "--case-id", "NEW-ADF")
-    assert _sources(doc)[0]["origin"]["conversion"] == "adf-text/3"
-    ctx = _context(tmp_path / "s", "NEW-ADF")["untrusted_case_data"]
-    assert ctx["human_texts"][0]["text"] == AS_BY_2
-
-
 def test_a_recorded_conversion_unknown_here_is_refused_not_replaced() -> None:
     from engine._intake import converted
 
     report = parse_report(json.dumps({"key": "OPS-7", "fields": {
         "summary": "s", "description": DROPPED_BY_1}}).encode(), "x.json")
     text = report.by_pointer()["/fields/description"]
-    assert converted(text, "adf-text/3") == converted(text, "adf-text/2") == AS_BY_2
+    assert converted(text, "adf-text/2") == AS_BY_2
     assert converted(text, "adf-text/1") == AS_BY_1
     for unknown in ("adf-text/9", None, 1, ["adf-text/1"]):  # a newer Viano's, or damage
         assert converted(text, unknown) is None

@@ -18,6 +18,7 @@ left out, apart from a link's URL after its text when the two differ.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -52,8 +53,8 @@ def adf_problem(doc: Any) -> str | None:
     return None
 
 
-LATEST = 3
-VERSIONS = (1, 2, 3)
+LATEST = 2
+VERSIONS = (1, 2)
 
 
 def adf_text(doc: Any, version: int = LATEST) -> str:
@@ -62,10 +63,10 @@ def adf_text(doc: Any, version: int = LATEST) -> str:
     the phases convert the stored original again by that version to check them.
 
     Version 2 keeps what version 1 dropped: the done marks of a task list nested in a task
-    list (and the markers of any list nested directly in a list), and a block
-    ``extension`` (a macro without a body: its text, or its key, and its parameters).
-    Version 3 also keeps a card given by its ``data`` (JSON-LD: its name and URL) rather
-    than a ``url``, an external media's URL, and a bodied macro's parameters."""
+    list (and the markers of any list nested directly in a list); a macro's parameters,
+    and a block ``extension`` (a macro without a body) by its text or key; a card given by
+    its ``data`` (JSON-LD: its name and URL) rather than a ``url``; an external media's
+    URL."""
     if version not in VERSIONS:
         raise ValueError(f"unknown ADF conversion version {version!r}")
     return _Converter(version).blocks(_children(doc), "").strip("\n")
@@ -138,13 +139,13 @@ class _Converter:
             return _prefix(self.inline([node]), indent)
         if kind == "extension" and self.version >= 2:
             return _prefix(_extension(node), indent)
-        if kind == "bodiedExtension" and self.version >= 3:
-            params = " ".join(w for w in _strings(_params(node)) if not is_blank(w))
-            body = self.blocks(_children(node), indent)
-            return _BLOCK_SEP.join(x for x in (_prefix(params, indent), body) if x)
         # panel, expand, nestedExpand, layoutSection, and whatever comes next: the content.
         title = _attr(node, "title")
         body = self.blocks(_children(node), indent)
+        if kind == "bodiedExtension" and self.version >= 2:
+            params = _words(_params(node))
+            if params:
+                body = _prefix(params, indent) + (_BLOCK_SEP + body if body else "")
         if node.get("text") and isinstance(node.get("text"), str):
             body = _prefix(str(node["text"]), indent) + (_BLOCK_SEP + body if body else "")
         return _prefix(title, indent) + (_BLOCK_SEP + body if body else "") if title else body
@@ -219,7 +220,7 @@ class _Converter:
 
     def card(self, node: dict[str, Any]) -> str:
         url = _attr(node, "url")
-        if url or self.version < 3:
+        if url or self.version < 2:
             return url or ""
         attrs = node.get("attrs")
         data = attrs.get("data") if isinstance(attrs, dict) else None
@@ -232,7 +233,7 @@ class _Converter:
         found = [c for c in [node, *_children(node)]
                  if c.get("type") in ("media", "mediaInline")]
         names = [(_attr(m, "alt") or _attr(m, "id")
-                  or (_attr(m, "url") if self.version >= 3 else None) or "media")
+                  or (_attr(m, "url") if self.version >= 2 else None) or "media")
                  for m in found]
         return " ".join(f"[media: {n}]" for n in names) if names else ""
 
@@ -246,24 +247,27 @@ def _extension(node: dict[str, Any]) -> str:
     """A macro without a body: its fallback text, or its key, then the text of its
     parameters, in the order the document gives them."""
     head = _attr(node, "text") or _attr(node, "extensionKey") or ""
-    words = [w for w in _strings(_params(node)) if not is_blank(w)]
-    return " ".join(x for x in (head, " ".join(words)) if x)
+    return " ".join(x for x in (head, _words(_params(node))) if x)
 
 
-def _strings(value: Any) -> list[str]:
-    """Every string inside ``value`` (a parameters object), depth-first, iteratively (a
-    document's depth is bounded by the JSON reader, not here)."""
+def _words(params: Any) -> str:
+    """The strings and numbers inside a macro's parameters, depth-first in document order,
+    iteratively (a document's depth is bounded by the JSON reader, not here), leaving out
+    ``macroMetadata`` (ids and schema versions the editor keeps, no one's words)."""
     out: list[str] = []
-    stack = [value]
+    stack = [params]
     while stack:
         v = stack.pop()
         if isinstance(v, str):
-            out.append(v)
+            if not is_blank(v):
+                out.append(v)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out.append(json.dumps(v))
         elif isinstance(v, dict):
-            stack.extend(reversed(list(v.values())))
+            stack.extend(reversed([x for k, x in v.items() if k != "macroMetadata"]))
         elif isinstance(v, list):
             stack.extend(reversed(v))
-    return out
+    return " ".join(out)
 
 
 def _longest_backtick_run(text: str) -> int:

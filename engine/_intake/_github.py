@@ -193,19 +193,14 @@ def _texts(title: str, bodies: Bodies, base: str, author: _User | None,
     return tuple(out)
 
 
-def _rest_bodies(base: str, x: _RestIssue | _RestComment, reader: int,
-                 label: str) -> Bodies:
+def _rest_bodies(base: str, x: _RestIssue | _RestComment, reader: int) -> Bodies:
     """Where a REST issue's or comment's text is, in order. From reader 2 on, an issue
     fetched as ``text+json`` or ``html+json`` is read from ``body_text`` or ``body_html``
     when ``body`` is missing or blank (reader 1 took the title, and no comment)."""
     bodies: list[tuple[str, str | None]] = [(f"{base}/body", x.body)]
-    if reader >= 2:
-        for key in ("body_text", "body_html"):
-            value = getattr(x, key)
-            if value is not None and not isinstance(value, str):
-                raise ReportRejected(f"{label}: {base.lstrip('/') or 'issue'}.{key}: "
-                                     f"expected a string, got {type(value).__name__}")
-            bodies.append((f"{base}/{key}", value))
+    if reader >= 2:  # a value that is not a string holds no text: passed over, as null
+        bodies += [(f"{base}/{key}", v) for key in ("body_text", "body_html")
+                   if isinstance(v := getattr(x, key), str)]
     return bodies
 
 
@@ -260,11 +255,11 @@ def parse_rest(data: Any, label: str, reader: int) -> Report:
         issue, rest_comments, base = structure(LENIENT, data, _RestIssue, label), (), ""
     _check_title(issue.title, label)
     identity, origin = _identity(issue.html_url, issue.repository_url, issue.number)
-    comments = [(_rest_bodies(f"/comments/{i}", c, reader, label),
+    comments = [(_rest_bodies(f"/comments/{i}", c, reader),
                  _either(c.user, c.author, reader, f"{label}: comments.{i}.author"), ())
                 for i, c in enumerate(rest_comments)]
     return Report(format="github", title=issue.title,
-                  texts=_texts(issue.title, _rest_bodies(base, issue, reader, label), base,
+                  texts=_texts(issue.title, _rest_bodies(base, issue, reader), base,
                                issue.user, comments),
                   identity=identity,
                   issue={"format": "github", "shape": "rest-combined" if combined else "rest",

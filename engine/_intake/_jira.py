@@ -4,12 +4,12 @@
 ``fields.reporter``, ``fields.comment.comments[]`` (``author.displayName``, ``body``,
 ``created``) and ``fields.attachment[]``. v2 text is wiki markup and is kept as text; v3
 text is an Atlassian Document Format document, converted to plain text by :mod:`._adf`
-(the catalogue records ``"conversion": "adf-text/3"``; a catalogue recorded by an
-older version is read back by that conversion). Either may appear in any text field.
-Other keys are ignored. A blank description makes the summary the report's text. An
-author of ``accountType`` ``app`` is a bot (kept, ``human: false``). Every listed
-attachment is recorded in the catalogue as referenced; intake marks it supplied when a
-file of that name is attached with ``--attach``.
+(the catalogue records ``"conversion": "adf-text/N"``, the conversion of the reader that
+read it: reader 1 converted by adf-text/1, reader 2 by adf-text/2). Either may appear in
+any text field. Other keys are ignored. A blank description makes the summary the
+report's text. An author of ``accountType`` ``app`` is a bot (kept, ``human: false``).
+Every listed attachment is recorded in the catalogue as referenced; intake marks it
+supplied when a file of that name is attached with ``--attach``.
 """
 
 from __future__ import annotations
@@ -22,11 +22,14 @@ import attrs
 from .._errors import ReportRejected
 from .._strict import LENIENT
 from .._text import is_blank
-from ._adf import LATEST, VERSIONS, adf_problem, adf_text, is_adf
+from ._adf import VERSIONS, adf_problem, adf_text, is_adf
 from ._github import public_url, valid_id
 from ._report import Referenced, Report, TextSource, structure
 
-ADF_CONVERSION = f"adf-text/{LATEST}"
+# The ADF conversion each reader version converts by: a reader decides with it which
+# texts are blank (a description the conversion makes blank gives the summary instead), so
+# the two are one version. Reader 1 converted by adf-text/1.
+ADF_BY_READER = {1: 1, 2: 2}  # a released reader's never changes
 _CONVERSIONS = {f"adf-text/{v}": v for v in VERSIONS}
 
 
@@ -47,8 +50,7 @@ class _Person:
     displayName: str | None = None
     name: str | None = None
     accountType: str | None = None
-    emailAddress: Any = None  # read from reader 2 on, as accountId
-    accountId: Any = None
+    accountId: Any = None  # read from reader 2 on
 
 
 @attrs.frozen
@@ -87,9 +89,10 @@ class _Issue:
     key: str | None = None
 
 
-def _text(value: Any, where: str, label: str) -> tuple[str | None, str | None]:
-    """(plain text, conversion) of a Jira text field: a string, an ADF document or null.
-    The document itself is what a :class:`TextSource` keeps as its ``node``."""
+def _text(value: Any, where: str, label: str, version: int) -> tuple[str | None, str | None]:
+    """(plain text, conversion) of a Jira text field: a string, an ADF document (converted
+    by ``adf-text/<version>``) or null. The document itself is what a :class:`TextSource`
+    keeps as its ``node``."""
     if value is None:
         return None, None
     if isinstance(value, str):
@@ -99,19 +102,20 @@ def _text(value: Any, where: str, label: str) -> tuple[str | None, str | None]:
         if problem is not None:
             raise ReportRejected(f"{label}: {where}: not a well-formed Atlassian Document "
                                  f"Format document ({problem})")
-        return adf_text(value), ADF_CONVERSION
+        return adf_text(value, version), f"adf-text/{version}"
     raise ReportRejected(f"{label}: {where}: expected a string or an Atlassian Document "
                          f"Format document, got {type(value).__name__}")
 
 
 def _who(person: _Person | None, reader: int) -> str | None:
-    """A person's name; from reader 2 on, their email address or account id where Jira
-    gives no name (reader 1 made such an author nobody)."""
+    """A person's name; from reader 2 on, their account id where Jira gives no name
+    (reader 1 made such an author nobody). Never their email address: it would go to the
+    model's provider with the rest of the context."""
     if person is None:
         return None
-    later = (person.emailAddress, person.accountId) if reader >= 2 else ()
-    return person.displayName or person.name or next(
-        (v for v in later if isinstance(v, str) and not is_blank(v)), None)
+    later = person.accountId if reader >= 2 else None
+    return person.displayName or person.name or (
+        later if isinstance(later, str) and not is_blank(later) else None)
 
 
 def _human(person: _Person | None) -> bool:
@@ -130,10 +134,11 @@ _CUSTOM = re.compile(r"customfield_[0-9]{1,18}")
 
 
 def parse_jira(data: Any, label: str, reader: int) -> Report:
-    """The issue as reader ``reader`` reads it. Reader 2 adds ``fields.environment`` and
-    every custom field that holds an ADF document (a project's "Steps to reproduce") as
-    the reporter's sources, names an author by email or account id when Jira gives no
-    name, and refuses a ``fields.comments`` list (Jira's are under ``fields.comment``)."""
+    """The issue as reader ``reader`` reads it. Reader 2 converts ADF by adf-text/2, adds
+    ``fields.environment`` (the reporter's) and every custom field that holds an ADF
+    document (a project's "Steps to reproduce") as sources, names an author by account id
+    when Jira gives no name, and refuses a ``fields.comments`` list (Jira's are under
+    ``fields.comment``)."""
     issue = structure(LENIENT, data, _Issue, label)
     f = issue.fields
     if is_blank(f.summary):
@@ -148,7 +153,8 @@ def parse_jira(data: Any, label: str, reader: int) -> Report:
     def who(person: _Person | None) -> str | None:
         return _who(person, reader)
 
-    description, conversion = _text(f.description, "fields.description", label)
+    adf = ADF_BY_READER[reader]
+    description, conversion = _text(f.description, "fields.description", label, adf)
     if description is None or is_blank(description):
         first = TextSource("report", "/fields/summary", who(f.reporter), f.summary,
                            human=_human(f.reporter))
@@ -157,20 +163,21 @@ def parse_jira(data: Any, label: str, reader: int) -> Report:
                            human=_human(f.reporter), conversion=conversion,
                            node=f.description if conversion else None)
     texts = [first]
-    # The reporter's own words beside the description: where it happens (versions,
-    # browser, OS), and a project's own text fields. A custom field that is a plain
-    # string is left out: most are ids, ranks and flags.
-    more = [("environment", f.environment)] if reader >= 2 else []
-    more += [(k, v) for k, v in raw_fields.items()
+    # Words beside the description: the reporter's about where it happens (versions,
+    # browser, OS), and a project's own text fields (whoever last edited those: no
+    # author). A custom field that is a plain string is left out: most are ids, ranks and
+    # flags.
+    more = [("environment", f.environment, f.reporter)] if reader >= 2 else []
+    more += [(k, v, None) for k, v in raw_fields.items()
              if reader >= 2 and _CUSTOM.fullmatch(k) and is_adf(v)]
-    for name, value in more:
-        text, conv = _text(value, f"fields.{name}", label)
+    for name, value, person in more:
+        text, conv = _text(value, f"fields.{name}", label, adf)
         if text is not None and not is_blank(text):
-            texts.append(TextSource("report", f"/fields/{name}", who(f.reporter), text,
-                                    human=_human(f.reporter), conversion=conv,
+            texts.append(TextSource("report", f"/fields/{name}", who(person), text,
+                                    human=_human(person), conversion=conv,
                                     node=value if conv else None))
     for i, c in enumerate(f.comment.comments if f.comment else ()):
-        body, conv = _text(c.body, f"fields.comment.comments.{i}.body", label)
+        body, conv = _text(c.body, f"fields.comment.comments.{i}.body", label, adf)
         if body is None or is_blank(body):
             continue
         texts.append(TextSource("comment", f"/fields/comment/comments/{i}/body",

@@ -106,6 +106,8 @@ class ReportTexts:
         else:
             if name not in self.parsed:
                 fmt = self.formats.get(name)
+                if self.readers.get(name, 1) is None:  # recorded, but as nothing
+                    raise HistoryProblem(f"{name}: its intake record names reader null")
                 try:
                     report = parse_report(raw, name, fmt if isinstance(fmt, str) else "json",
                                           reader=self.readers.get(name, 1))

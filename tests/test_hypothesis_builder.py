@@ -212,14 +212,17 @@ class TestPreconditions:
             assert any("raw inputs" in p for p in found), found
             assert MEMO.hits == hits + 1
 
-    async def test_missing_observations(self, tmp_path: Path, server: LoopbackServer) -> None:
+    @pytest.mark.parametrize("human_cited_by", ["nothing", "an assumption"])
+    async def test_missing_observations(self, tmp_path: Path, server: LoopbackServer,
+                                        human_cited_by: str) -> None:
         """An interpretation whose grounded statements cite no human source: nothing to
-        ground a hypothesis in."""
+        ground a hypothesis in. An assumption citing the report is not grounded."""
         only_logs = {"summary": "A Lua error.", "missing_observations": [],
                      "statements": [{"kind": "technical_fact", "text": "The log shows it.",
                                      "source_ids": ["S7"]},
                                     {"kind": "assumption", "text": "It is the migration.",
-                                     "source_ids": []}]}
+                                     "source_ids": [] if human_cited_by == "nothing"
+                                     else ["S1"]}]}
         async with services(tmp_path / "s", [http_provider("p", "openai",
                                                            server.openai_url)]) as sv:
             pkg = await _confirmed(sv, interpretation=only_logs, server=server)
@@ -561,18 +564,23 @@ class TestTamperResistance:
             assert not snap.has("analysis/hypotheses/0002/registry.json")
             assert not snap.has("analysis/interpretation/0002/policy.json")
 
+    @pytest.mark.parametrize("edit", ["registry", "budget unit"])
     async def test_an_imported_history_whose_batch_was_edited(
-            self, tmp_path: Path, server: LoopbackServer) -> None:
-        """An export whose batch generation carries a registry the answer does not give
-        (hashes all recomputed, so the store's own rules accept it): the builder says
-        unsupported_history and verify reports it; nothing is regenerated."""
+            self, tmp_path: Path, server: LoopbackServer, edit: str) -> None:
+        """An export whose batch generation carries a registry the answer does not give,
+        or whose pinned policy counts its budget in another unit (hashes all recomputed,
+        so the store's own rules accept it): the builder says unsupported_history and
+        verify reports it; nothing is regenerated."""
         async with services(tmp_path / "a", [http_provider("p", "openai",
                                                            server.openai_url)]) as sv:
             pkg = await _confirmed(sv)
             await HypothesisBuilder(sv.store, sv.gateway, _policy()).build("BUG-20", pkg)
         assert run_viano("export", "--store", tmp_path / "a", "BUG-20",
                          tmp_path / "x.zip").returncode == 0
-        edited = _edit_registry(tmp_path / "x.zip", tmp_path / "edited.zip")
+        edited = _edit_registry(tmp_path / "x.zip", tmp_path / "edited.zip") \
+            if edit == "registry" else rewrite_export(
+                tmp_path / "x.zip", tmp_path / "edited.zip", [(H + "policy.json", json_edit(
+                    lambda doc, _sha: doc["policy"].update(budget_unit="dollars")))])
         import_refused_then_placed(edited, tmp_path / "b", run_viano)
         calls = _calls(server)
         async with services(tmp_path / "b", [http_provider("p", "openai",
@@ -661,6 +669,8 @@ class TestTheSampleRegression:
             assert files[f"inputs/{name}"] == (SAMPLE / name).read_bytes()
         md = files[H + "hypotheses.md"].decode()
         for h in ("## H1:", "## H2:", "## H3:", "**Mechanism.**", "**Expected evidence:**",
-                  "**Falsifying evidence:**"):
+                  "**Falsifying evidence:**",
+                  # The spec: each is a candidate, never a confirmed root cause.
+                  "Untested, competing candidate causes", "None is a confirmed root cause."):
             assert h in md
         _verify(tmp_path / "s")

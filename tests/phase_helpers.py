@@ -205,3 +205,22 @@ def completed_sample_store(root: Path, answers: Path = FIXTURES) -> Path:
     results, _ = trio.run(_run, str(root), config)
     assert [r.status for r in results] == ["COMPLETED", "COMPLETED"]
     return root
+
+
+def interpretation_context(store_dir: Path, case_id: str) -> bytes:
+    """The interpretation context revision 1 of the case derives now, with the default
+    policy, from a store opened read-only (what verify derives again to compare)."""
+    from engine import INTERPRETATION, PackageView
+    from engine._config import InterpretationPolicy
+    from engine._phases import interpretation_policy
+    from tests.store_helpers import open_ro
+
+    store = open_ro(store_dir)
+    try:
+        _ref, manifest = store.head(case_id)
+        view = PackageView(manifest, store.read_blob, store.open_blob)
+        raw = INTERPRETATION.context(view, interpretation_policy(InterpretationPolicy()), 1)
+        assert isinstance(raw, bytes), raw
+        return raw
+    finally:
+        store.close()

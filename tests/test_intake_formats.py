@@ -13,15 +13,13 @@ from typing import Any
 import pytest
 import trio
 
-from engine import INTERPRETATION, Attachment, IntakeLimits, PackageView, prepare_intake
-from engine._config import InterpretationPolicy
+from engine import Attachment, IntakeLimits, prepare_intake
 from engine._errors import ReportRejected
 from engine._intake._adf import adf_text
 from engine._intake._formats import parse_report
 from engine._intake._github import _User, is_bot, valid_id
-from engine._phases import interpretation_policy
 from tests.conftest import run_viano
-from tests.store_helpers import open_ro
+from tests.phase_helpers import interpretation_context
 
 REPORTS = Path(__file__).parent / "fixtures" / "reports"
 
@@ -38,15 +36,7 @@ def _sources(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _context(store_dir: Path, case_id: str) -> dict[str, Any]:
-    store = open_ro(store_dir)
-    try:
-        _ref, manifest = store.head(case_id)
-        view = PackageView(manifest, store.read_blob, store.open_blob)
-        raw = INTERPRETATION.context(view, interpretation_policy(InterpretationPolicy()), 1)
-        assert isinstance(raw, bytes)
-        return json.loads(raw)  # type: ignore[no-any-return]
-    finally:
-        store.close()
+    return json.loads(interpretation_context(store_dir, case_id))  # type: ignore[no-any-return]
 
 
 def test_gh_issue_view_json(tmp_path: Path) -> None:

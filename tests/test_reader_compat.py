@@ -15,14 +15,12 @@ import hashlib
 import json
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from engine import INTERPRETATION, PackageView
-from engine._config import InterpretationPolicy
-from engine._phases import interpretation_policy
 from tests.conftest import run_viano
-from tests.store_helpers import open_ro
+from tests.phase_helpers import interpretation_context
 
 pytestmark = pytest.mark.sqlite_only  # the fixture is a SQLite store
 
@@ -40,16 +38,9 @@ def old_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     return root, contexts
 
 
-def _context(root: Path, case: str) -> dict[str, object]:
-    store = open_ro(root)
-    try:
-        _ref, manifest = store.head(case)
-        view = PackageView(manifest, store.read_blob, store.open_blob)
-        raw = INTERPRETATION.context(view, interpretation_policy(InterpretationPolicy()), 1)
-        assert isinstance(raw, bytes), raw
-        return {"sha256": hashlib.sha256(raw).hexdigest(), "doc": json.loads(raw)}
-    finally:
-        store.close()
+def _context(root: Path, case: str) -> dict[str, Any]:
+    raw = interpretation_context(root, case)
+    return {"sha256": hashlib.sha256(raw).hexdigest(), "doc": json.loads(raw)}
 
 
 @pytest.mark.parametrize("case", ["JIRA-BLANK", "JIRA-ADF", "GH-TEXT", "GH-KEYS"])

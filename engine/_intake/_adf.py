@@ -217,7 +217,6 @@ class _Converter:
                 out.append(self.inline(_children(n)))
         return "".join(out)
 
-
     def card(self, node: dict[str, Any]) -> str:
         url = _attr(node, "url")
         if url or self.version < 2:

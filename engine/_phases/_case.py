@@ -106,11 +106,12 @@ class ReportTexts:
         else:
             if name not in self.parsed:
                 fmt = self.formats.get(name)
-                if self.readers.get(name, 1) is None:  # recorded, but as nothing
+                reader = self.readers.get(name, 1)
+                if reader is None:  # recorded, but as nothing
                     raise HistoryProblem(f"{name}: its intake record names reader null")
                 try:
                     report = parse_report(raw, name, fmt if isinstance(fmt, str) else "json",
-                                          reader=self.readers.get(name, 1))
+                                          reader=reader)
                 except (ReportRejected, InvalidCaseId) as exc:
                     raise HistoryProblem(f"{name} is not the report intake read: "
                                          f"{exc}") from exc

@@ -319,10 +319,10 @@ def validate_hypotheses(answer: Any, case: CaseRecord, interp: Interpretation,
         for field, seen, rule in (("title", titles, "duplicate_title"),
                                   ("mechanism", mechanisms, "duplicate_mechanism")):
             value = h.get(field)
+            key = normalized(value, legacy=legacy) if isinstance(value, str) else None
             # Two texts of punctuation alone ("!!!", "???") are the same, as any others
             # are; the first release compared only texts that kept a character.
-            if isinstance(value, str) and (normalized(value, legacy=legacy) or not legacy):
-                key = normalized(value, legacy=legacy)
+            if key is not None and (key or not legacy):
                 if key in seen:
                     c.add(rule, f"{where}/{field}", f"the same {field} as hypothesis "
                                                     f"{seen[key] + 1}, up to case, "

@@ -66,7 +66,7 @@ def load_state(spec: PhaseSpec, view: PackageView, status: CaseStatus | None,
     return PhaseState(
         key=spec.key, phase=spec.phase, package_id=m.package_id, revision=rev,
         entered=entered, accepted=history is None and spec.accepted(view, rev),
-        history_problem=history, precheck=_precheck(spec, view, revision_record_problems(view)),
+        history_problem=history, precheck=_precheck(spec, view),
         pinned_policy_sha=view.sha(p["policy"]),
         current_policy_sha=sha256_hex(policy_bytes(spec, rev, spec.policy(request))),
         context_sha=view.sha(p["context"]), prompt_id=prompt.prompt_id,
@@ -74,10 +74,11 @@ def load_state(spec: PhaseSpec, view: PackageView, status: CaseStatus | None,
         last_round=last_doc, status=status)
 
 
-def _precheck(spec: PhaseSpec, view: PackageView, revisions: list[str]) -> Refusal | None:
+def _precheck(spec: PhaseSpec, view: PackageView) -> Refusal | None:
     """The head's revision records first (a generation that raised the revision with no
     reopen would otherwise get that revision's phases, batch and budgets), then the
     phase's own preconditions."""
+    revisions = revision_record_problems(view)
     if revisions:
         return Refusal(ERROR, "unsupported_history", "; ".join(revisions))
     try:

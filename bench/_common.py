@@ -41,6 +41,8 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]
 
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
+        if 0 < abs(v) < 0.1:  # a group commit's tx/pub: 0.004, not 0.00
+            return f"{v:.2g}"
         return f"{v:,.2f}" if abs(v) < 100 else f"{v:,.0f}"
     return str(v)
 

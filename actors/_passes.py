@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from engine import StorageError
+from engine import Shard, StorageError
 
 if TYPE_CHECKING:
     from ._case_actor import Clock
@@ -33,6 +33,7 @@ class Passes:
     store: StoreHandle
     clock: Clock
     config: Any
+    shard: Shard | None
     _not_before: dict[str, float]
     _running: dict[str, Any]
     _finished: trio.Event
@@ -57,7 +58,7 @@ class Passes:
     async def due(self, limit: int, *, skip: Collection[str] = ()) -> list[str]:
         """Up to ``limit`` case ids with work now, from the store's due index, leaving out
         ``skip`` and the cases held back (claimed for this worker where the backend hands
-        each due case to one)."""
+        each due case to one); of the engine's ``shard`` only, when it has one."""
         return await self._due(limit, skip, claim=True)
 
     async def waiting(self, limit: int) -> list[str]:
@@ -75,15 +76,15 @@ class Passes:
         left_out = set(skip) | set(self._not_before)
         now = self.clock.now()  # read here: a TrioClock needs the trio thread
         confirm = self.config.interpretation.auto_confirm
-        store = self.store.store
+        store, shard = self.store.store, self.shard
         if claim:
             refs = await self.store.run_sync(
                 lambda: store.claim_due(now, limit, skip=left_out,
-                                        awaiting_confirmation=confirm))
+                                        awaiting_confirmation=confirm, shard=shard))
             return [r.case_id for r in refs]
         refs = await self.store.run_sync(
             lambda: store.due_cases(now, limit + len(left_out),
-                                    awaiting_confirmation=confirm))
+                                    awaiting_confirmation=confirm, shard=shard))
         return [r.case_id for r in refs if r.case_id not in left_out][:limit]
 
     async def run_until_idle(self, cases: Sequence[str] | None = None, *,
@@ -161,8 +162,13 @@ class Passes:
                             exc.message, wait)
                 await trio.sleep(wait)
 
+    async def next_due(self) -> float | None:
+        """The earliest due time of a retry (of the engine's shard), by ``clock``."""
+        store, shard = self.store.store, self.shard
+        return await self.store.run_sync(lambda: store.next_due(shard))
+
     async def _nap(self, poll_s: float, woken: trio.Event) -> None:
-        next_due = await self.store.run_sync(self.store.store.next_due)
+        next_due = await self.next_due()
         wait = poll_s
         if next_due is not None:
             wait = min(wait, max(0.0, next_due - self.clock.now()))

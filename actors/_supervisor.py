@@ -43,6 +43,7 @@ from engine import (
     Config,
     DispatchRequest,
     DispatchResult,
+    Shard,
     VianoError,
     confirm_change,
     hypotheses_paths,
@@ -107,8 +108,10 @@ class Engine(Passes):
     """Use through :func:`open_engine`."""
 
     def __init__(self, store: StoreHandle, gateway: GatewayHandle, config: Config,
-                 nursery: trio.Nursery, *, concurrency: int, clock: Clock):
+                 nursery: trio.Nursery, *, concurrency: int, clock: Clock,
+                 shard: Shard | None = None):
         self.store, self.gateway, self.config = store, gateway, config
+        self.shard = shard  # the part of the due index this engine takes work from
         self.clock = clock
         self._nursery = nursery
         self._limiter = trio.CapacityLimiter(concurrency)
@@ -396,15 +399,18 @@ class Engine(Passes):
 
 @asynccontextmanager
 async def open_engine_on(store: StoreHandle, gateway: GatewayHandle, config: Config, *,
-                         concurrency: int = 16, clock: Clock | None = None
-                         ) -> AsyncIterator[Engine]:
+                         concurrency: int = 16, clock: Clock | None = None,
+                         shard: Shard | None = None) -> AsyncIterator[Engine]:
     """The supervisor over handles the caller opened (and will close, gateway after store).
     Leaving the block takes no new work and cancels the case actors still running — their
     model calls are cancelled; a publication already sent still commits whole (the
-    publisher's commit is shielded), so only checkpointed state is left."""
+    publisher's commit is shielded), so only checkpointed state is left. ``shard``: the
+    engine finds work (``due``, ``run_until_idle``, ``serve``) among that shard's cases
+    only, so that processes sharing a store each take their own part; cases given by id
+    are advanced whatever their shard."""
     async with trio.open_nursery() as nursery:
         engine = Engine(store, gateway, config, nursery, concurrency=concurrency,
-                        clock=clock or SystemClock())
+                        clock=clock or SystemClock(), shard=shard)
         try:
             yield engine
         finally:

@@ -68,7 +68,10 @@ from ._gateway import no_answer_status as no_answer_status
 from ._gateway import parse_contracted_json as parse_contracted_json
 from ._gateway import remove_log_filter as remove_log_filter
 from ._gateway import retry_after_seconds as retry_after_seconds
+from ._ids import MAX_SHARDS as MAX_SHARDS
+from ._ids import Shard as Shard
 from ._ids import new_package_id as new_package_id
+from ._ids import shard_of as shard_of
 from ._ids import validate_case_id as validate_case_id
 from ._intake import FORMATS as FORMATS
 from ._intake import ROLES as ROLES

@@ -384,11 +384,11 @@ class TestTheReaderGoesAway:
 EARLY_SIGTERM = """
 import os, signal, sys
 import viano_bug_analysis.cli._batch_commands as commands
-real = commands._stoppable
-def early():
+real = commands.stoppable
+def early(**kw):
     os.kill(os.getpid(), signal.SIGTERM)
-    return real()
-commands._stoppable = early
+    return real(**kw)
+commands.stoppable = early
 from viano_main import run
 run()
 """

@@ -21,19 +21,22 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 from actors import Clock, Engine, open_engine_on, open_gateway, open_store
-from engine import Config
+from engine import Config, Shard
 
 
 @asynccontextmanager
 async def open_engine(*, store: str | os.PathLike[str], config: Config | None = None,
                       concurrency: int = 16, clock: Clock | None = None,
                       environ: Mapping[str, str] | None = None,
-                      create: bool = True) -> AsyncIterator[Engine]:
+                      create: bool = True, shard: Shard | None = None
+                      ) -> AsyncIterator[Engine]:
     """See the module docstring. ``create=False`` refuses a store that does not exist
-    (``NotFound`` no_store) instead of creating it."""
+    (``NotFound`` no_store) instead of creating it. ``shard`` (``Shard(index, count)``):
+    find work only among the case ids of that shard, so that ``count`` processes sharing
+    the store take disjoint parts of it (``viano batch --processes``)."""
     config = config or Config.resolve(None)
     async with open_gateway(config.providers, config.gateway, environ=environ) as gateway, \
             open_store(store, create=create, settings=config.store) as handle, \
             open_engine_on(handle, gateway, config, concurrency=concurrency,
-                           clock=clock) as engine:
+                           clock=clock, shard=shard) as engine:
         yield engine

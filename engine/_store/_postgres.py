@@ -40,7 +40,7 @@ from .._errors import (
     StorageError,
     VianoError,
 )
-from .._ids import validate_case_id
+from .._ids import SHARD_SQL, Shard, validate_case_id
 from ._blobs import BlobFiles, verified_stream
 from ._common import (
     AWAITING_WHERE,
@@ -413,7 +413,8 @@ class PostgresStore:
             held.__exit__(None, None, None)
 
     def claim_due(self, now: float, limit: int, *, skip: Collection[str] = (),
-                  awaiting_confirmation: bool = False) -> list[CaseRef]:
+                  awaiting_confirmation: bool = False, shard: Shard | None = None
+                  ) -> list[CaseRef]:
         """Up to ``limit`` due cases, each leased to this worker in the same statement
         (``FOR UPDATE SKIP LOCKED``): workers claiming at once get disjoint cases, and
         a claim that lost rows to another's (committed between its snapshot and its row
@@ -421,10 +422,12 @@ class PostgresStore:
         if not self._writable or limit <= 0:
             skipped = set(skip)
             due = self.due_cases(now, max(limit, 0) + len(skipped),
-                                 awaiting_confirmation=awaiting_confirmation)
+                                 awaiting_confirmation=awaiting_confirmation, shard=shard)
             return [r for r in due if r.case_id not in skipped][:max(limit, 0)]
         where = DUE_WHERE.format(now="%(now)s") + (AWAITING_WHERE if awaiting_confirmation
                                                    else "")
+        if shard is not None:  # numbers only: nothing a user typed reaches the text
+            where = f"({where}) AND {SHARD_SQL % (shard.count, shard.index)}"
         sql = CLAIM.format(where=where, columns=REF_COLUMNS)
         refs: list[CaseRef] = []
         left_out = set(skip)
@@ -559,20 +562,23 @@ class PostgresStore:
         with self._connection() as conn:
             return ref, self._manifest(conn, ref.package_id, ref.generation)
 
-    def due_cases(self, now: float, limit: int, *, awaiting_confirmation: bool = False
-                  ) -> list[CaseRef]:
+    def due_cases(self, now: float, limit: int, *, awaiting_confirmation: bool = False,
+                  shard: Shard | None = None) -> list[CaseRef]:
         """The due index, read only (see the SQLite store's; :meth:`claim_due` is what
         the workers use)."""
         extra = AWAITING_WHERE if awaiting_confirmation else ""
-        return self._select_refs(f"WHERE {DUE_WHERE.format(now='%s')}{extra} "
+        part, part_args = _in_shard(shard)
+        return self._select_refs(f"WHERE ({DUE_WHERE.format(now='%s')}{extra}){part} "
                                  "ORDER BY COALESCE(due_at, %s), case_id LIMIT %s",
-                                 (now, now, None if limit < 0 else limit))  # as SQLite's
+                                 (now, *part_args, now,
+                                  None if limit < 0 else limit))  # as SQLite's
 
     @guarded
-    def next_due(self) -> float | None:
+    def next_due(self, shard: Shard | None = None) -> float | None:
+        part, part_args = _in_shard(shard)
         with translate(self._display, "read the case index"), self._connection() as conn:
             row = conn.execute("SELECT MIN(due_at) FROM viano_refs WHERE "
-                               "status='RETRY_PENDING'").fetchone()
+                               f"status='RETRY_PENDING'{part}", part_args).fetchone()
         return None if row[0] is None else float(row[0])
 
     @guarded
@@ -662,3 +668,8 @@ class _Exclusive:
             return referenced_hashes(cur)
 
 
+def _in_shard(shard: Shard | None) -> tuple[str, tuple[int, ...]]:
+    """The due index's condition for ``shard`` (SHARD_SQL: what ``shard_of`` computes)."""
+    if shard is None:
+        return "", ()
+    return f" AND {SHARD_SQL}", (shard.count, shard.index)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .._errors import NotFound, StorageError, VianoError
-from .._ids import validate_case_id
+from .._ids import Shard, validate_case_id
 from . import _sqlite_chain as chain
 from ._blobs import BlobFiles, verified_stream
 from ._common import (
@@ -490,41 +490,45 @@ class SqliteStore:
         ref = self.case(case_id)
         return ref, self._manifest(self.reader, ref.package_id, ref.generation)
 
-    def due_cases(self, now: float, limit: int, *, awaiting_confirmation: bool = False
-                  ) -> list[CaseRef]:
+    def due_cases(self, now: float, limit: int, *, awaiting_confirmation: bool = False,
+                  shard: Shard | None = None) -> list[CaseRef]:
         """Cases with work now, from the (status, due_at) index: READY, RUNNING (a dispatch
         that died or was cancelled mid-phase leaves that; one still running elsewhere holds
         the case's lease, so trying it costs a DEFERRED ``locked``), RETRY_PENDING whose due
         time has come, and, for a policy that confirms, interpretations awaiting
         confirmation. Overdue retries come first (oldest due first), then the rest, which
-        count as due now."""
+        count as due now. ``shard``: only the cases it holds."""
+        part, part_args = _in_shard(shard)
         if self.version < 2:
-            return self._select_refs("ORDER BY case_id LIMIT ?", (limit,))
+            where = f"WHERE {part[5:]} " if part else ""
+            return self._select_refs(f"{where}ORDER BY case_id LIMIT ?", (*part_args, limit))
         extra = AWAITING_WHERE if awaiting_confirmation else ""
         return self._select_refs(
-            f"WHERE {DUE_WHERE.format(now='?')}{extra} "
-            "ORDER BY COALESCE(due_at, ?), case_id LIMIT ?", (now, now, limit))
+            f"WHERE ({DUE_WHERE.format(now='?')}{extra}){part} "
+            "ORDER BY COALESCE(due_at, ?), case_id LIMIT ?", (now, *part_args, now, limit))
 
     def claim_due(self, now: float, limit: int, *, skip: Collection[str] = (),
-                  awaiting_confirmation: bool = False) -> list[CaseRef]:
+                  awaiting_confirmation: bool = False, shard: Shard | None = None
+                  ) -> list[CaseRef]:
         """The due cases not in ``skip``: the case lease (``flock``) is taken at dispatch,
         and a case held by another process costs a DEFERRED ``locked`` there."""
         self.still_there()  # every pass of a batch or a daemon asks here first
         left_out = set(skip)
         refs = self.due_cases(now, limit + len(left_out),
-                              awaiting_confirmation=awaiting_confirmation)
+                              awaiting_confirmation=awaiting_confirmation, shard=shard)
         return [r for r in refs if r.case_id not in left_out][:limit]
 
     @guarded
-    def next_due(self) -> float | None:
-        """The earliest due time of a RETRY_PENDING case, if any."""
+    def next_due(self, shard: Shard | None = None) -> float | None:
+        """The earliest due time of a RETRY_PENDING case (of ``shard``), if any."""
         if self.version < 2:
             return None
+        part, part_args = _in_shard(shard)
         with translate("read the case index"):
             # Numbers only: a damaged row's text or blob (verify names it) is no due time.
             row = self.reader.execute("SELECT MIN(due_at) FROM refs WHERE "
                                       "status='RETRY_PENDING' AND typeof(due_at) IN "
-                                      "('real', 'integer')").fetchone()
+                                      f"('real', 'integer'){part}", part_args).fetchone()
         return None if row[0] is None else float(row[0])
 
     @guarded
@@ -639,3 +643,11 @@ def _value_error(exc: BaseException) -> bool:
     cause = exc.__cause__ if isinstance(exc, StorageError) else exc
     return isinstance(cause, (OverflowError, UnicodeEncodeError, sqlite3.IntegrityError,
                               sqlite3.DataError, sqlite3.InterfaceError))
+
+
+def _in_shard(shard: Shard | None) -> tuple[str, tuple[int, ...]]:
+    """The due index's condition for ``shard`` (``viano_shard``: the reader connections'
+    function, :func:`engine._ids.shard_of`), and its arguments."""
+    if shard is None:
+        return "", ()
+    return " AND viano_shard(case_id, ?) = ?", (shard.count, shard.index)

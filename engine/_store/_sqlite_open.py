@@ -16,6 +16,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from .._errors import NotAStore, NotFound, StorageError, VianoError
+from .._ids import shard_of
 from ._blobs import NOT_YOURS_TO_WRITE, fsync_dir
 from ._crash import crash_point
 from ._sources import read_text_file
@@ -300,6 +301,14 @@ def _said(exc: sqlite3.Error | UnicodeDecodeError) -> str:
     return str(exc)
 
 
+def _shard(case_id: object, count: object) -> int | None:
+    """``viano_shard(case_id, count)`` in the due index's queries (a damaged row's id that
+    is not text, or a count that is not a positive number, is in no shard)."""
+    if not isinstance(case_id, str) or not isinstance(count, int) or count < 1:
+        return None
+    return shard_of(case_id, count)
+
+
 def _reader(path: Path, immutable: bool) -> sqlite3.Connection:
     """A read-only connection, touched once so that opening problems show here. Raises
     sqlite3 errors (the callers translate them)."""
@@ -309,6 +318,7 @@ def _reader(path: Path, immutable: bool) -> sqlite3.Connection:
     try:
         conn.execute("PRAGMA busy_timeout=30000")
         conn.execute(f"PRAGMA cache_size=-{READER_CACHE_KIB}")
+        conn.create_function("viano_shard", 2, _shard, deterministic=True)
         conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
     except BaseException:
         conn.close()

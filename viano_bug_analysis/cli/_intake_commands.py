@@ -47,7 +47,7 @@ from engine import (
 from engine._store._sources import WouldWait, reader_of
 from engine._text import terminal_safe
 
-from ._batch_commands import _stoppable
+from ._batch_common import stoppable
 from ._context import one_change, store_location, waiting_for_the_case
 from ._output import Output
 
@@ -324,7 +324,7 @@ async def _bulk_run(location: str, items: Iterator[_Item], limits: IntakeLimits,
                     ) -> tuple[dict[str, Any], bool]:
     # Ctrl-C (or SIGTERM) stops taking reports; what is in flight is finished and counted
     # (a publication is milliseconds), so the summary says exactly what the store holds.
-    async with _stoppable() as (stop, _work), open_store(location, settings=settings) as store:
+    async with stoppable() as (stop, _work), open_store(location, settings=settings) as store:
         slots = trio.Semaphore(IN_FLIGHT)
         async with trio.open_nursery() as nursery:
             for item in items:

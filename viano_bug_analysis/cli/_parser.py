@@ -9,7 +9,9 @@ import math
 import re
 from typing import NoReturn
 
-from engine import FORMATS, ROLES, UsageError, is_utf8, validate_case_id
+from engine import FORMATS, ROLES, Shard, UsageError, is_utf8, validate_case_id
+
+MAX_PROCESSES = 64  # worker processes of one run or batch
 
 DESCRIPTION = ("Viano analyses bug cases: intake stores the originals and a canonical source "
                "catalogue in a durable, versioned case package; a model interprets the case, "
@@ -130,6 +132,20 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _processes(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_PROCESSES:
+        raise argparse.ArgumentTypeError(f"{_shown(text)} is more than {MAX_PROCESSES}")
+    return value
+
+
+def _shard(text: str) -> Shard:
+    try:
+        return Shard.parse(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from exc
+
+
 def _globals(with_defaults: bool) -> Parser:
     p = Parser(add_help=False)
     g = p.add_argument_group("global options")
@@ -219,6 +235,12 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "batch":
             p.add_argument("--wait", action="store_true",
                            help="also wait for due retries (RETRY_PENDING) and run them")
+        p.add_argument("--processes", type=_processes, default=1, metavar="N",
+                       help="worker processes (default 1; one process uses about one core): "
+                            "each takes the cases of its shard (by a hash of the case id) "
+                            "with its share of --concurrency and of each provider's "
+                            "max_concurrency")
+        p.add_argument("--worker-shard", type=_shard, default=None, help=argparse.SUPPRESS)
 
     p = add("daemon", "long-running: picks up new cases and due retries; SIGTERM or SIGINT "
                       "stops it cleanly")

@@ -11,15 +11,24 @@ after a fixed latency. Reported per run:
 * CPU seconds per case (this process only: the provider runs elsewhere);
 * peak RSS during the run, and RSS per in-flight case: (peak - before) / concurrency.
 
-The runs the issue asks for are the default (``--runs``: N:latency_ms:concurrency, comma
-separated); ``--quick`` is a small smoke run.
+The runs the issue asks for are the default (``--runs``: N:latency_ms:concurrency[:P],
+comma separated); ``--quick`` is a small smoke run. With a fourth field P above 1 the
+cases are advanced by the real command, ``viano batch --all --processes P`` (P worker
+processes, each on its shard of the cases with concurrency / P in flight), timed from its
+own summary (which counts the workers' start-up); CPU is then that of the whole process
+tree, peak RSS the tree's (the sum over its processes, sampled) with the largest single
+process beside it, and RSS per in-flight case the tree's peak / concurrency (nothing of
+it was there before).
 
-    python bench/throughput.py [--runs 2000:0:64,2000:200:512,10000:200:512] [--quick]
+    python bench/throughput.py [--runs 2000:0:64,2000:200:512,10000:200:512,2000:200:512:2]
+                               [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import resource
 import shutil
@@ -52,7 +61,7 @@ from tests.batch_helpers import write_generic_answers  # noqa: E402
 from viano_bug_analysis import open_engine  # noqa: E402
 
 CALLS_PER_CASE = 2  # interpretation and hypotheses
-DEFAULT_RUNS = "2000:0:64,2000:200:512,10000:200:512"
+DEFAULT_RUNS = "2000:0:64,2000:0:64:2,2000:200:512,2000:200:512:2,10000:200:512"
 LITELLM_PROCESS_MB = 234  # a LiteLLM Router process measured on this kind of machine
 
 
@@ -138,23 +147,105 @@ async def advance_all(store_root: Path, port: int, concurrency: int) -> dict[str
             "kib_per_in_flight": (peak - before) / concurrency}
 
 
-def run_one(n: int, latency_ms: float, concurrency: int, tmp: Path) -> dict[str, Any]:
+def _tree_rss_kib(pid: int) -> tuple[int, int]:
+    """The summed RSS of ``pid`` and its descendants, and the largest of them (KiB)."""
+    sizes, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            with open(f"/proc/{current}/statm", "rb") as f:
+                sizes.append(int(f.read().split()[1]) * _PAGE_KIB)
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children", "rb") as f:
+                    todo += [int(x) for x in f.read().split()]
+        except (OSError, ValueError):
+            continue  # it ended as we looked
+    return sum(sizes), max(sizes, default=0)
+
+
+def advance_with_processes(store_root: Path, port: int, concurrency: int, processes: int,
+                           tmp: Path) -> dict[str, Any]:
+    """``viano batch --all --processes P`` as a user runs it, over the same store."""
+    config = tmp / f"viano-{processes}.toml"
+    config.write_text(f"""
+[interpretation]
+auto_confirm = true
+
+[gateway]
+cooldown_after = 1000000
+
+[[providers]]
+name = "loopback"
+kind = "openai"
+base_url = "http://127.0.0.1:{port}/v1"
+model = "bench"
+api_key_env = "VIANO_BENCH_KEY"
+retries = 0
+timeout_s = 120
+max_concurrency = {concurrency}
+""")
+    env = dict(os.environ, VIANO_BENCH_KEY=BENCH_KEY,
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out_path, err_path = tmp / "batch.out", tmp / "batch.err"
+    with open(out_path, "wb") as out_f, open(err_path, "wb") as err_f:  # not pipes: the
+        proc = subprocess.Popen(                                          # document is MBs
+            [sys.executable, "-c", "from viano_bug_analysis.cli import run; run()",
+             "--json", "--store", str(store_root), "--config", str(config), "batch",
+             "--all", "--processes", str(processes), "--concurrency", str(concurrency)],
+            stdout=out_f, stderr=err_f, env=env, cwd=tmp)
+        peak = largest = 0
+        while proc.poll() is None:
+            tree, one = _tree_rss_kib(proc.pid)
+            peak, largest = max(peak, tree), max(largest, one)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.02)
+    out = out_path.read_bytes()
+    if proc.returncode != 0:
+        raise SystemExit(f"viano batch --processes {processes} failed ({proc.returncode}): "
+                         f"{err_path.read_text(errors='replace')[-2000:]}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    doc = json.loads(out)
+    summary, results = doc["summary"], doc["results"]
+    statuses: dict[str, int] = {}
+    for r in results:
+        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    store = summary["store"]
+    return {"cases": len(results), "statuses": statuses, "seconds": summary["seconds"],
+            "cases_per_s": len(results) / summary["seconds"],
+            "cpu_ms_per_case": cpu / max(len(results), 1) * 1e3,
+            "p50_s": summary["case_seconds"]["p50"], "p99_s": summary["case_seconds"]["p99"],
+            "publications_per_transaction": store["publications_per_transaction"],
+            "transactions": store["transactions"], "rss_before_mb": 0.0,
+            "rss_peak_mb": peak / 1024, "rss_largest_process_mb": largest / 1024,
+            "kib_per_in_flight": peak / concurrency}
+
+
+def run_one(n: int, latency_ms: float, concurrency: int, tmp: Path,
+            processes: int = 1) -> dict[str, Any]:
     answers = write_generic_answers(tmp / "answers")
-    store_root = tmp / f"store-{n}-{latency_ms:g}-{concurrency}"
+    run_dir = Path(tempfile.mkdtemp(prefix=f"run-{n}-{latency_ms:g}-{concurrency}-", dir=tmp))
+    store_root = run_dir / "store"
     t0 = time.perf_counter()
-    reports = tmp / f"in-{n}-{latency_ms:g}-{concurrency}"
+    reports = run_dir / "in"
     reports.mkdir()
     trio.run(intake, store_root, n, reports)
     intake_s = time.perf_counter() - t0
     proc, port = start_server(latency_ms, answers)
     try:
-        res = trio.run(advance_all, store_root, port, concurrency)
+        if processes > 1:
+            res = advance_with_processes(store_root, port, concurrency, processes, run_dir)
+        else:
+            res = trio.run(advance_all, store_root, port, concurrency)
+            res["rss_largest_process_mb"] = res["rss_peak_mb"]
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-    shutil.rmtree(store_root, ignore_errors=True)
+    shutil.rmtree(run_dir, ignore_errors=True)
     ideal = None if latency_ms == 0 else concurrency / (CALLS_PER_CASE * latency_ms / 1000)
     return {"n": n, "latency_ms": latency_ms, "concurrency": concurrency,
+            "processes": processes,
             "intake_s": intake_s, "ideal_per_s": ideal,
             "x_ideal": None if ideal is None else res["cases_per_s"] / ideal, **res}
 
@@ -168,22 +259,26 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a smoke run: 200:0:32,200:50:64")
     args = ap.parse_args()
     spec = "200:0:32,200:50:64" if args.quick else args.runs
-    runs = [tuple(float(x) for x in item.split(":")) for item in spec.split(",")]
+    runs = [[float(x) for x in item.split(":")] for item in spec.split(",")]
     out = []
     with tempfile.TemporaryDirectory(prefix="viano-bench-") as tmp:
-        for n, latency, conc in runs:
-            print(f"  {int(n)} cases, {latency:g} ms, concurrency {int(conc)} ...", flush=True)
-            res = run_one(int(n), latency, int(conc), Path(tmp))
+        for n, latency, conc, *more in runs:
+            procs = int(more[0]) if more else 1
+            print(f"  {int(n)} cases, {latency:g} ms, concurrency {int(conc)}, "
+                  f"{procs} process(es) ...", flush=True)
+            res = run_one(int(n), latency, int(conc), Path(tmp), procs)
             out.append(res)
             print(f"    {res['cases_per_s']:,.0f} cases/s, statuses {res['statuses']}, "
                   f"peak {res['rss_peak_mb']:.0f} MB", flush=True)
-    rows = [[r["n"], r["latency_ms"], r["concurrency"], r["cases_per_s"],
+    rows = [[r["n"], r["latency_ms"], r["concurrency"], r["processes"], r["cases_per_s"],
              r["ideal_per_s"] or "-", r["x_ideal"] or "-",
              r["publications_per_transaction"], r["p50_s"] * 1e3, r["p99_s"] * 1e3,
-             r["cpu_ms_per_case"], r["rss_peak_mb"], r["kib_per_in_flight"]] for r in out]
+             r["cpu_ms_per_case"], r["rss_peak_mb"], r["rss_largest_process_mb"],
+             r["kib_per_in_flight"]] for r in out]
     print_table("the full pipeline (interpretation, auto-confirm, hypotheses) per case",
-                ["N", "lat ms", "conc", "cases/s", "ideal/s", "x ideal", "pubs/txn",
-                 "p50 ms", "p99 ms", "cpu ms/case", "peak MB", "KiB/in-flight"], rows)
+                ["N", "lat ms", "conc", "procs", "cases/s", "ideal/s", "x ideal", "pubs/txn",
+                 "p50 ms", "p99 ms", "cpu ms/case", "peak MB", "largest MB",
+                 "KiB/in-flight"], rows)
     print(f"\ngoals: >= 0.90 x ideal at 200 ms; <= 64 KiB per in-flight case; a whole "
           f"process under LiteLLM's ~{LITELLM_PROCESS_MB} MB")
     write_json("throughput", {"runs": out, "calls_per_case": CALLS_PER_CASE,

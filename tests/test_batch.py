@@ -74,6 +74,27 @@ class TestEmbeddingApi:
             assert sum(e["event"] == "result" for e in seen) >= 8
         verified(tmp_path / "s")
 
+    async def test_an_engine_with_a_shard_takes_only_its_cases(
+            self, tmp_path: Path, server: LoopbackServer) -> None:
+        """Two engines on one store, one per shard: each run_until_idle advances exactly
+        its shard's cases, together all of them; serve's due index is the shard's too."""
+        from viano_bug_analysis import Shard
+
+        config = batch_config([http_provider("p", "openai", server.openai_url)])
+        ids = [f"SH-{i}" for i in range(10)]
+        async with open_engine(store=tmp_path / "s", config=config, environ=ENV,
+                               shard=Shard(0, 2)) as first:
+            await intake_many(first, tmp_path, ids)
+            mine = {c for c in ids if Shard(0, 2).holds(c)}
+            assert 0 < len(mine) < len(ids)
+            assert set(await first.waiting(100)) == mine
+            assert {r.case_id for r in await first.run_until_idle()} == mine
+            assert await first.run_until_idle() == []
+        async with open_engine(store=tmp_path / "s", config=config, environ=ENV,
+                               shard=Shard.parse("2/2")) as second:
+            assert {r.case_id for r in await second.run_until_idle()} == set(ids) - mine
+        verified(tmp_path / "s")
+
     @pytest.mark.parametrize("bad", [123, None, b"A-1", ["A-1"], "BAD!", ""],
                              ids=["int", "none", "bytes", "list", "rule", "empty"])
     async def test_what_is_no_case_id_is_refused_at_once(

@@ -49,6 +49,7 @@ from engine import RetryPolicy as RetryPolicy
 from engine import RoundOutcome as RoundOutcome
 from engine import RoundRequest as RoundRequest
 from engine import RoundStatus as RoundStatus
+from engine import Shard as Shard
 from engine import StaleGeneration as StaleGeneration
 from engine import StorageError as StorageError
 from engine import VianoError as VianoError

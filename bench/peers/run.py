@@ -4,14 +4,15 @@
   database, three durable steps per case (``bench/peers/dbos_peer.py``, in its own
   process), beside Viano's whole pipeline (interpretation, auto-confirm, hypotheses: two
   model calls and six to eight publications per case; ``bench/throughput.py``'s run) at the
-  same N, latency and concurrency: cases/s and the ratio.
+  same N, latency and concurrency: cases/s and the ratio; for each ``--processes`` value
+  (``viano batch --processes P`` above 1: P worker processes sharing the concurrency).
 * **LiteLLM Router** (optional too): answers/s at the given concurrency and the latency a
   failover past a refused provider adds, beside Viano's gateway pool — the functions of
   ``bench/gateway.py``, reused.
 * **The physical limit**: this disk's raw SQLite WAL+FULL single-row commits/s and fsyncs/s.
 
     python bench/peers/run.py [--cases 2000] [--latency-ms 0,200] [--concurrency 64]
-                              [--repeats 1]
+                              [--repeats 1] [--processes 1,2]
 """
 
 from __future__ import annotations
@@ -105,6 +106,8 @@ def main() -> None:
     ap.add_argument("--latency-ms", default="0,200")
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--processes", default="1,2",
+                    help="Viano's worker processes, each value a run (default 1,2)")
     ap.add_argument("--seconds", type=float, default=3.0, help="of each LiteLLM rate run")
     args = ap.parse_args()
     rows, out = [], []
@@ -113,30 +116,36 @@ def main() -> None:
         tmp = Path(tmp_name)
         raw = raw_commit_rate(tmp, 1.0)
         fsyncs = fsync_rate(tmp)
+        processes = [int(x) for x in args.processes.split(",")]
         for latency in (float(x) for x in args.latency_ms.split(",")):
-            ours, theirs = [], []
+            ours: dict[int, list[float]] = {p: [] for p in processes}
+            theirs: list[float] = []
             for rep in range(args.repeats):
                 sub = tmp / f"r{rep}-{latency:g}"
                 sub.mkdir()
-                v = run_one(args.cases, latency, args.concurrency, sub)
-                ours.append(v["cases_per_s"])
+                for p in processes:
+                    v = run_one(args.cases, latency, args.concurrency, sub, p)
+                    ours[p].append(v["cases_per_s"])
+                    print(f"  {latency:g} ms rep {rep + 1}: Viano ({p} process(es)) "
+                          f"{v['cases_per_s']:,.1f} cases/s", flush=True)
                 d = dbos_run(args.cases, latency, args.concurrency, sub)
                 if d is not None:
                     theirs.append(d["cases_per_s"])
-                print(f"  {latency:g} ms rep {rep + 1}: Viano {v['cases_per_s']:,.1f} cases/s"
-                      + (f", DBOS {d['cases_per_s']:,.1f}" if d else ", DBOS not installed"),
+                print(f"  {latency:g} ms rep {rep + 1}: "
+                      + (f"DBOS {d['cases_per_s']:,.1f}" if d else "DBOS not installed"),
                       flush=True)
-            viano_rate = median(ours)
             dbos_rate = median(theirs) if theirs else None
             out.append({"latency_ms": latency, "viano_cases_per_s": ours,
                         "dbos_cases_per_s": theirs})
-            rows.append((args.cases, latency, args.concurrency, viano_rate,
-                         dbos_rate if dbos_rate is not None else "skipped",
-                         viano_rate / dbos_rate if dbos_rate else "-"))
+            for p in processes:
+                viano_rate = median(ours[p])
+                rows.append((args.cases, latency, args.concurrency, p, viano_rate,
+                             dbos_rate if dbos_rate is not None else "skipped",
+                             viano_rate / dbos_rate if dbos_rate else "-"))
         lite = litellm_figures(32, args.seconds)
     print_table(f"Viano's whole pipeline vs DBOS, three durable steps per case (medians of "
-                f"{args.repeats})", ["cases", "latency ms", "concurrency", "Viano cases/s",
-                                     "DBOS cases/s", "x DBOS"], rows)
+                f"{args.repeats})", ["cases", "latency ms", "concurrency", "Viano processes",
+                                     "Viano cases/s", "DBOS cases/s", "x DBOS"], rows)
     print(f"goal: >= {GOAL_X_DBOS:g}x DBOS")
     if lite is None:
         print("\nLiteLLM Router: skipped (not installed: pip install '.[peers]')")

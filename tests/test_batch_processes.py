@@ -12,6 +12,7 @@ import os
 import select
 import signal
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -313,3 +314,37 @@ class TestRefusals:
     def test_help_names_the_option(self) -> None:
         r = run_viano("batch", "--help")
         assert "--processes N" in r.stdout and "--worker-shard" not in r.stdout
+
+
+class TestShardedDaemons:
+    async def test_two_daemons_each_serve_their_shard(self, tmp_path: Path,
+                                                      provider: Provider) -> None:
+        store = tmp_path / "s"
+        ids = [f"DS-{i}" for i in range(10)]
+        await _intake(store, tmp_path, ids)
+        env = _env(_config(tmp_path, provider.port))
+        daemons = [_Process("daemon", "--store", store, "--concurrency", "2", "--poll-s",
+                            "0.2", "--shard", f"{i + 1}/2", env=env) for i in range(2)]
+        mine = [{c for c in ids if shard_of(c, 2) == i} for i in range(2)]
+
+        def done(i: int) -> Callable[[list[str]], bool]:
+            return lambda seen: {x.split()[0] for x in seen
+                                 if " COMPLETED completed (phase GENERATING" in x} >= mine[i]
+
+        for i, daemon in enumerate(daemons):
+            daemon.until(done(i))
+        for daemon in daemons:
+            daemon.proc.send_signal(signal.SIGTERM)
+        for i, daemon in enumerate(daemons):
+            rc, err = daemon.finish(timeout=60)
+            assert rc == 0, err
+            assert f"shard {i + 1}/2" in err
+            served = {x.split()[0] for x in daemon.seen}
+            assert served == mine[i], (i, served)  # nothing of the other shard
+        _one_batch_each(store, ids)
+        calls = Counter((c["case_id"], c["prompt_id"]) for c in provider.calls)
+        assert set(calls.values()) == {1} and len(calls) == 2 * len(ids)
+
+    def test_a_bad_shard_is_a_usage_error(self, tmp_path: Path) -> None:
+        r = run_viano("daemon", "--store", tmp_path / "s", "--shard", "3/2")
+        assert r.returncode == 2 and "--shard" in r.stderr, r.stderr

@@ -183,9 +183,11 @@ async def _serve(args: argparse.Namespace, out: Output, config: Config) -> None:
         engine: Engine | None = None
         with work:
             async with open_engine(store=store_location(args, config), config=config,
-                                   concurrency=args.concurrency, create=False) as engine:
+                                   concurrency=args.concurrency, create=False,
+                                   shard=args.shard) as engine:
+                shard = "" if args.shard is None else f", shard {args.shard}"
                 out.note(f"viano daemon: {store_shown(args, config)}, concurrency "
-                         f"{args.concurrency}; SIGTERM or Ctrl-C stops it")
+                         f"{args.concurrency}{shard}; SIGTERM or Ctrl-C stops it")
                 try:
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(_report_results, engine, out, counts)

@@ -249,6 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--poll-s", type=_poll_seconds, default=1.0, metavar="SECONDS",
                    help="how often to look for cases taken in by other processes "
                         "(default 1; at least 0.05: due retries wake it on their own)")
+    p.add_argument("--shard", type=_shard, default=None, metavar="I/N",
+                   help="serve only the cases of shard I of N (by a hash of the case id): "
+                        "run N daemons, one per core, with 1/N … N/N")
 
     p = add("confirm", "confirm the current revision's interpretation of CASE")
     p.add_argument("case", metavar="CASE", type=_text)

@@ -6,6 +6,7 @@ import argparse
 import json
 import platform
 import statistics
+import subprocess
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -66,3 +67,12 @@ def parse_args(doc: str | None, list_flag: str, list_default: str) -> argparse.N
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument(f"--{list_flag}", default=list_default)
     return ap.parse_args()
+
+
+def stop_server(proc: subprocess.Popen[str]) -> None:
+    """End a loopback server started by a benchmark, and close the pipe it announced its
+    port on (left open, every run leaked a file)."""
+    proc.terminate()
+    proc.wait(timeout=10)
+    if proc.stdout is not None:
+        proc.stdout.close()

@@ -28,7 +28,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from actors import open_gateway  # noqa: E402
-from bench._common import median, parse_args, percentile, print_table, write_json  # noqa: E402
+from bench._common import (  # noqa: E402
+    median,
+    parse_args,
+    percentile,
+    print_table,
+    stop_server,
+    write_json,
+)
 from engine import GatewayConfig, Prompt, ProviderConfig, RoundRequest, RoundStatus  # noqa: E402
 from tests.loopback import dead_port  # noqa: E402
 
@@ -113,7 +120,7 @@ async def failover_latency(port: int, rounds: int) -> dict[str, float]:
     ok = [_provider("ok", f"http://127.0.0.1:{port}/v1")]
     dead = [_provider("dead", f"http://127.0.0.1:{dead_port()}/v1"), *ok]
     async with open_gateway(ok, GatewayConfig()) as g1, \
-            open_gateway(dead, GatewayConfig(cooldown_after=10**9)) as g2:
+            open_gateway(dead, GatewayConfig(cooldown_after=1_000_000)) as g2:
         for gw, sink in ((g1, direct), (g2, failover)):
             await gw.round(RoundRequest(PROMPT))
             for _ in range(rounds):
@@ -167,8 +174,7 @@ def main() -> None:
                         peer_failover.append(peer.failover_added_ms(
                             port, dead_port(), 200, PROMPT.system, PROMPT.user))
         finally:
-            proc.terminate()
-            proc.wait(timeout=10)
+            stop_server(proc)
     summary: list[dict[str, Any]] = []
     for delay in (0, 50):
         for c in levels:

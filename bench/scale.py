@@ -34,7 +34,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench._common import print_table, write_json  # noqa: E402
+from bench._common import print_table, stop_server, write_json  # noqa: E402
 from bench.throughput import run_one, start_server  # noqa: E402
 from tests.batch_helpers import write_generic_answers  # noqa: E402
 
@@ -132,8 +132,7 @@ def run_workers(pg: Server, n: int, latency_ms: float, workers: int, concurrency
         for p in procs:
             if p.poll() is None:
                 p.kill()
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop_server(proc)
         shutil.rmtree(blob_root, ignore_errors=True)
     done = sum(r["cases"] for r in reports)
     statuses: dict[str, int] = {}

@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from actors import open_store  # noqa: E402
-from bench._common import BENCH_KEY, percentile, print_table, write_json  # noqa: E402
+from bench._common import BENCH_KEY, percentile, print_table, stop_server, write_json  # noqa: E402
 from engine import (  # noqa: E402
     Config,
     GatewayConfig,
@@ -240,8 +240,7 @@ def run_one(n: int, latency_ms: float, concurrency: int, tmp: Path,
             res = trio.run(advance_all, store_root, port, concurrency)
             res["rss_largest_process_mb"] = res["rss_peak_mb"]
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop_server(proc)
     shutil.rmtree(run_dir, ignore_errors=True)
     ideal = None if latency_ms == 0 else concurrency / (CALLS_PER_CASE * latency_ms / 1000)
     return {"n": n, "latency_ms": latency_ms, "concurrency": concurrency,

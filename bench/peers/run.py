@@ -33,7 +33,7 @@ import trio
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from bench._common import median, print_table, write_json  # noqa: E402
+from bench._common import median, print_table, stop_server, write_json  # noqa: E402
 from bench.store import raw_commit_rate  # noqa: E402
 from bench.throughput import run_one, start_server  # noqa: E402
 from tests.batch_helpers import write_generic_answers  # noqa: E402
@@ -69,8 +69,7 @@ def dbos_run(n: int, latency_ms: float, concurrency: int, tmp: Path) -> dict[str
                             "--db", str(db)], cwd=REPO, capture_output=True, text=True,
                            timeout=3600, check=True)
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop_server(proc)
         for p in tmp.glob(f"{db.name}*"):
             p.unlink()
     return dict(json.loads(r.stdout.strip().splitlines()[-1]))
@@ -91,8 +90,7 @@ def litellm_figures(concurrency: int, seconds: float) -> dict[str, Any] | None:
         failover = trio.run(gateway.failover_latency, port, 200)
         theirs_failover = peer.failover_added_ms(port, dead_port(), 200, system, user)
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop_server(proc)
     return {"viano_rate": ours["rate"], "litellm_rate": theirs["rate"],
             "x_litellm": ours["rate"] / theirs["rate"],
             "failover": {"viano_added_ms": failover["added_ms"],

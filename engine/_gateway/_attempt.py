@@ -20,6 +20,7 @@ from .._store._sources import open_regular
 from ._answer import InvalidAnswer, parse_contracted_json
 from ._audit import BODY_LIMIT, AuditRecord
 from ._classes import FailureClass, classify_exception, classify_status
+from ._decode import BodyDecoder, EncodingRefused
 from ._redact import Redactor
 from ._retry import retry_after_seconds
 from ._wire import EnvelopeError, HttpCall, Prompt, extract_content
@@ -81,8 +82,16 @@ async def http_attempt(transport: httpx.AsyncBaseTransport, call: HttpCall,
                            .sync_auth_flow(request))
         response = await transport.handle_async_request(request)
         try:
-            body, over = await _read_limited(response, ctx.max_output_bytes)
             status, headers = response.status_code, dict(response.headers)
+            body, over = await _read_limited(response, ctx.max_output_bytes)
+        except EncodingRefused as exc:  # its status still decides, when it is a failure
+            refused = classify_status(status)
+            return AttemptResult(make_record(
+                ctx, call, started, started_at, status=status, headers=headers,
+                failure=refused or FailureClass.INVALID_ANSWER,
+                detail=f"http_{status}" if refused else exc.detail,
+                error=f"HTTP {status}: {exc}" if refused else str(exc),
+                retry_after=retry_after_seconds(headers) if refused else None))
         finally:
             await response.aclose()
     except (httpx.HTTPError, httpx.InvalidURL, UnicodeEncodeError) as exc:
@@ -137,14 +146,22 @@ def _check_content(ctx: AttemptContext, content: str,
 
 
 async def _read_limited(response: httpx.Response, limit: int) -> tuple[bytes, bool]:
-    """Read at most ``limit`` bytes; past it, abandon the body (the connection is closed)."""
+    """Read at most ``limit`` bytes, decoded (``BodyDecoder``: never more than the limit
+    has room for, whatever the encoding claims); past it, abandon the body (the connection
+    is closed). Raises EncodingRefused."""
+    if response.is_stream_consumed:  # a transport that read it already (httpx's
+        content = response.content     # MockTransport) holds it decoded, whole
+        return content[: limit + 1], len(content) > limit
+    decoder = BodyDecoder(response.headers.get("content-encoding"))
     chunks: list[bytes] = []
     size = 0
-    async for chunk in response.aiter_bytes():
+    async for raw in response.aiter_raw():
+        chunk = decoder.decode(raw, limit + 1 - size)
         chunks.append(chunk)
         size += len(chunk)
         if size > limit:
             return b"".join(chunks)[: limit + 1], True
+    decoder.finish()
     return b"".join(chunks), False
 
 

@@ -6,6 +6,7 @@ messages scrubbed of every known secret value before they are stored here.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import attrs
@@ -13,6 +14,10 @@ import attrs
 from ._classes import FailureClass
 
 BODY_LIMIT = 64 * 1024  # response bytes kept in a record
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is None or math.isfinite(value) else None
 
 
 @attrs.frozen
@@ -34,7 +39,9 @@ class AuditRecord:
     failure: FailureClass | None
     detail: str                  # stable snake_case: ok, http_503, connect_error, …
     error: str                   # redacted, human
-    retry_after_s: float | None = None
+    # Finite or None whatever made the record: it is stored, and the store refuses NaN and
+    # infinities (a record it cannot write lost the round's answer).
+    retry_after_s: float | None = attrs.field(default=None, converter=_finite)
 
     def to_json(self) -> dict[str, Any]:
         doc = attrs.asdict(self)

@@ -41,28 +41,34 @@ MIN_SECRET = 4      # shorter values would mask ordinary text
 MIN_PARTIAL = 6     # a cut tail this long that starts a secret is masked
 
 
-def _char_pattern(ch: str) -> str:
-    """Every encoding of one character seen in echoes, as a regex alternation."""
+def _char_pattern(ch: str, *, first: bool = False) -> str:
+    """Every encoding of one character seen in echoes, as a regex alternation. ``first``:
+    the secret's first character, where the search tries every position of the text, so
+    its escaped forms start only where a run of backslashes starts (``(?<!\\)``): tried
+    at every backslash of a run, ``\\+u0073`` scanned the rest of the run each time, and
+    a body of ``\\u`` and 128 KiB of backslashes took 46 s of the event loop. A match
+    starting inside a run is also one starting at its first backslash, so none is lost."""
     code = ord(ch)
     forms = [re.escape(ch)]
+    run = r"(?<!\\)\\+" if first else r"\\+"
     if code < 0x10000:
-        forms.append(rf"\\+u{code:04x}")                 # JSON \u00xx (any backslashes)
+        forms.append(rf"{run}u{code:04x}")               # JSON \u00xx (any backslashes)
     if code < 0x80:
         forms.append(rf"%(?:25)*{code:02x}")             # URL %xx, %25xx (double-encoded)
     forms.append(rf"&#(?:x0*{code:x}|0*{code});")        # HTML character references
     if ch == "/":
-        forms.append(r"\\+/")
+        forms.append(rf"{run}/")
     if ch == " ":
         forms.append(r"\+")
     if ch in ('"', "\\"):                                # JSON: \" and \\
-        forms.append(rf"\\+{re.escape(ch)}")
+        forms.append(rf"{run}{re.escape(ch)}")
     if ch in _C_ESCAPES:                                 # JSON and repr: \n \r \t
-        forms.append(rf"\\+{_C_ESCAPES[ch]}")
+        forms.append(rf"{run}{_C_ESCAPES[ch]}")
     if code < 0x20 or 0x7f <= code < 0x100:
-        forms.append(rf"\\+x{code:02x}")                # a str's repr: \x0b, \xe9
+        forms.append(rf"{run}x{code:02x}")               # a str's repr: \x0b, \xe9
     if code >= 0x80:
         utf8 = ch.encode("utf-8", "surrogatepass")
-        forms.append("".join(rf"\\+x{b:02x}" for b in utf8))      # a bytes repr: \xc3\xa9
+        forms.append(run + r"\\+".join(f"x{b:02x}" for b in utf8))  # a bytes repr: \xc3\xa9
         forms.append("".join(rf"%(?:25)*{b:02x}" for b in utf8))  # URL-encoded UTF-8
     return "(?:" + "|".join(forms) + ")"
 
@@ -71,7 +77,7 @@ _C_ESCAPES = {"\n": "n", "\r": "r", "\t": "t", "\b": "b", "\f": "f"}
 
 
 def _secret_pattern(secret: str) -> str:
-    return "".join(_char_pattern(c) for c in secret)
+    return "".join(_char_pattern(c, first=i == 0) for i, c in enumerate(secret))
 
 
 class Redactor:
@@ -181,12 +187,13 @@ class Redactor:
         out = {}
         for k, v in items:
             key = k.lower()
+            name = self.text(key)  # a name can carry a secret too (`x-<key>: 1`)
             if key in SECRET_HEADERS:
-                out[key] = MASK
+                out[name] = MASK
             elif key in ("location", "content-location", "referer"):
-                out[key] = self.url(v)
+                out[name] = self.url(v)
             else:
-                out[key] = self.text(v)
+                out[name] = self.text(v)
         return out
 
     def anything(self, value: str) -> str:
@@ -206,7 +213,7 @@ class Redactor:
 
 
 _URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
-_ESCAPED_SLASH = re.compile(r"\\+/")
+_ESCAPED_SLASH = re.compile(r"(?<!\\)\\+/")  # from a run's start: linear (see above)
 # The only non-ASCII characters Python's re.IGNORECASE matches to ASCII letters (checked
 # over every code point): U+0130 and U+0131 for i, U+212A for k, U+017F for s.
 _IGNORECASE_ASCII = {0x130: "i", 0x131: "i", 0x212A: "k", 0x17F: "s"}

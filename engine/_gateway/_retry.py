@@ -24,20 +24,27 @@ def backoff_delay(retry_no: int, base_s: float, max_s: float, rng: random.Random
     return rng.uniform(0.0, doubled(base_s, max_s, retry_no))
 
 
+MAX_RETRY_AFTER_S = 366 * 86400.0  # longer than any cap the config allows (a day)
+
+
 def retry_after_seconds(headers: Mapping[str, str], now: datetime | None = None) -> float | None:
-    """``retry-after-ms`` (OpenAI), else ``Retry-After`` as seconds or an HTTP date."""
+    """``retry-after-ms`` (OpenAI), else ``Retry-After`` as seconds or an HTTP date. Always a
+    finite number of seconds from 0 to MAX_RETRY_AFTER_S, or None: ``inf`` and ``1e400``
+    parse as floats, and an infinite wait reached the round record, which the store cannot
+    hold (the case ended in internal_error and its good answer from the next provider was
+    lost); it is a wait longer than any cap. ``nan`` is no wait given."""
     lowered = {k.lower(): v for k, v in headers.items()}
     ms = lowered.get("retry-after-ms")
     if ms is not None:
         try:
-            return max(0.0, float(ms) / 1000.0)
+            return _bounded(float(ms) / 1000.0)
         except ValueError:
             pass
     value = lowered.get("retry-after")
     if value is None:
         return None
     try:
-        return max(0.0, float(value))
+        return _bounded(float(value))
     except ValueError:
         pass
     try:
@@ -46,4 +53,10 @@ def retry_after_seconds(headers: Mapping[str, str], now: datetime | None = None)
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+    return _bounded((when - (now or datetime.now(UTC))).total_seconds())
+
+
+def _bounded(seconds: float) -> float | None:
+    if math.isnan(seconds):
+        return None
+    return min(max(0.0, seconds), MAX_RETRY_AFTER_S)

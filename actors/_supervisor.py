@@ -47,6 +47,7 @@ from engine import (
     VianoError,
     confirm_change,
     hypotheses_paths,
+    reserve_documents,
     validate_case_id,
 )
 
@@ -408,14 +409,17 @@ async def open_engine_on(store: StoreHandle, gateway: GatewayHandle, config: Con
     engine finds work (``due``, ``run_until_idle``, ``serve``) among that shard's cases
     only, so that processes sharing a store each take their own part; cases given by id
     are advanced whatever their shard."""
-    async with trio.open_nursery() as nursery:
-        engine = Engine(store, gateway, config, nursery, concurrency=concurrency,
-                        clock=clock or SystemClock(), shard=shard)
-        try:
-            yield engine
-        finally:
-            engine._stop()
-            nursery.cancel_scope.cancel()
-            engine._results_send.close()
-            for sub in engine._subscribers:
-                sub.close()
+    # The phases' document cache holds each case in flight's documents between its
+    # steps: without the room, 512 in flight read each case's back 17 times, not 3.
+    with reserve_documents(concurrency):
+        async with trio.open_nursery() as nursery:
+            engine = Engine(store, gateway, config, nursery, concurrency=concurrency,
+                            clock=clock or SystemClock(), shard=shard)
+            try:
+                yield engine
+            finally:
+                engine._stop()
+                nursery.cancel_scope.cancel()
+                engine._results_send.close()
+                for sub in engine._subscribers:
+                    sub.close()

@@ -130,6 +130,7 @@ from ._phases import provider_statistics as provider_statistics
 from ._phases import reopen_change as reopen_change
 from ._phases import report_document as report_document
 from ._phases import report_markdown as report_markdown
+from ._phases import reserve_documents as reserve_documents
 from ._phases import round_change as round_change
 from ._phases import running as running
 from ._phases import unblock_change as unblock_change

@@ -74,6 +74,22 @@ class TestEmbeddingApi:
             assert sum(e["event"] == "result" for e in seen) >= 8
         verified(tmp_path / "s")
 
+    async def test_an_engine_reserves_document_room_for_its_concurrency(
+            self, tmp_path: Path, server: LoopbackServer) -> None:
+        """While an engine is open the phases' document cache has PER_CASE more room for
+        each case it may run at once (a fixed bound made 512 in flight read every case's
+        documents back from the store 17 times, not 3); closing it gives the room back."""
+        from engine._phases import _view
+
+        base = _view.DOCUMENTS.max_bytes
+        config = batch_config([http_provider("p", "openai", server.openai_url)])
+        async with open_engine(store=tmp_path / "s", config=config, environ=ENV,
+                               concurrency=300) as engine:
+            assert _view.DOCUMENTS.max_bytes == base + 300 * _view._Documents.PER_CASE
+            await intake_many(engine, tmp_path, ["R-1"])
+            assert (await engine.dispatch("R-1")).result.status == "COMPLETED"
+        assert _view.DOCUMENTS.max_bytes == base
+
     async def test_an_engine_with_a_shard_takes_only_its_cases(
             self, tmp_path: Path, server: LoopbackServer) -> None:
         """Two engines on one store, one per shard: each run_until_idle advances exactly

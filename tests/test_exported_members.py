@@ -60,6 +60,7 @@ ENGINE_API = [
     "phase_dir", "plan_batch", "policy_like",
     "prepare_intake", "prompt_for", "provider_statistics", "read_export",
     "remove_log_filter", "reopen_change", "report_document", "report_markdown",
+    "reserve_documents",
     "retry_after_seconds",
     "round_change", "running", "sha256_hex", "shard_of", "successor_violations",
     "terminal_safe",

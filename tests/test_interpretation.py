@@ -262,15 +262,44 @@ class TestDocumentCache:
         recently used goes first; a document over max_item is never kept."""
         from engine._phases._view import _Documents
 
+        assert _Documents.PARSED_FACTOR == 4
         cache = _Documents(max_bytes=1000, max_item=200)
-        cache.put("a", b"x" * 100, {"a": 1})   # costs 900
-        cache.put("b", b"y" * 50)                # costs 50: 950 in all
+        cache.put("a", b"x" * 100, {"a": 1})   # costs 500
+        cache.put("b", b"y" * 50)                # costs 50: 550 in all
+        cache.put("d", b"w" * 80, {"d": 1})     # costs 400: 950 in all
         assert cache.get("a") is not None and cache.get("b") is not None
-        cache.put("c", b"z" * 100, {"c": 1})    # 900 more: "a", least recently used, goes
-        assert cache.get("a") is None and cache.get("b") is not None
-        assert cache.get("c") == (b"z" * 100, {"c": 1})
+        cache.put("c", b"z" * 80, {"c": 1})     # 400 more: "d", least recently used, goes
+        assert cache.get("d") is None and cache.get("a") is not None
+        cache.get("b")
+        cache.put("e", b"v" * 20, {"e": 1})     # 100 more: then "c" (a and b were read)
+        assert cache.get("c") is None and cache.get("a") is not None
+        assert cache.get("b") is not None and cache.get("e") == (b"v" * 20, {"e": 1})
         cache.put("big", b"q" * 201)
         assert cache.get("big") is None
+
+    def test_room_is_reserved_per_case_in_flight_and_given_back(self) -> None:
+        """The bound grows by PER_CASE for each case reserved while the block runs; two
+        reservations add up; leaving one evicts down to the smaller bound, also when the
+        block raises."""
+        from engine._phases._view import _Documents
+
+        cache = _Documents(max_bytes=1000, max_item=10_000)
+        per = cache.PER_CASE
+        with cache.reserve(2):
+            assert cache.max_bytes == 1000 + 2 * per
+            with cache.reserve(1):
+                assert cache.max_bytes == 1000 + 3 * per
+            for i in range(2 * per // 1000):
+                cache.put(f"k{i}", b"x" * 1000)  # 2 cases' worth: none evicted
+            assert cache.get("k0") is not None and cache._size == 2 * per // 1000 * 1000
+            with pytest.raises(RuntimeError), cache.reserve(5):
+                raise RuntimeError("the engine failed")
+            assert cache.max_bytes == 1000 + 2 * per
+        assert cache.max_bytes == 1000 and cache._size <= 1000
+        assert cache.get("k1") is None and cache.get("k0") is not None  # k0 was read last
+        with pytest.raises(ValueError), cache.reserve(-1):
+            pass
+        assert cache.max_bytes == 1000
 
     def test_a_phases_own_files_are_kept_as_written_but_request_bodies_are_not(
             self, monkeypatch: pytest.MonkeyPatch) -> None:

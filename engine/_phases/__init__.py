@@ -68,6 +68,7 @@ from ._spec import paths
 from ._stats import provider_statistics as provider_statistics
 from ._view import HistoryProblem as HistoryProblem
 from ._view import PackageView as PackageView
+from ._view import reserve_documents as reserve_documents
 
 INTERPRETATION_PHASE = _interpretation.PHASE
 HYPOTHESES_PHASE = _hypotheses.PHASE

@@ -8,9 +8,10 @@ into ``unsupported_history`` rather than an internal error.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 import attrs
@@ -29,21 +30,54 @@ class _Documents:
     """What the phases read back, by sha256: the bytes, and the parsed document once
     parsed. A sha256 names exactly one content whichever store it came from, so an entry
     can never be stale; it only saves the reads and the strict parses that every step of
-    every case repeats (the case record, the catalogue, the interpretation, the rounds).
-    Bounded by an estimate of the memory held — the bytes, and a parsed document at
-    ``PARSED_FACTOR`` times its bytes (Python objects are that much bigger than JSON) —
-    least recently used out first; documents over ``max_item`` are never kept. The bound
-    is small on purpose: the working set is the documents of the cases in flight, and a
-    batch of thousands must not grow with it (bench/throughput.py reports RSS per
-    in-flight case). Parsed documents are shared: the phases only read them."""
+    every case repeats (the case record and catalogue are read 14 times per case, the
+    interpretation 7). Bounded by an estimate of the memory held — the bytes, and a parsed
+    document at ``PARSED_FACTOR`` times its bytes — least recently used out first;
+    documents over ``max_item`` are never kept.
 
-    PARSED_FACTOR = 8
+    The working set is the documents of the cases in flight, so the bound is a base
+    (``base_bytes``) plus ``PER_CASE`` for each case in flight, reserved by whoever runs
+    them (:meth:`reserve`: the engine, for its ``concurrency``). A fixed 16 MiB held 512
+    cases' worth no longer: every case's documents were evicted between its steps and
+    read and parsed again (17 store reads per case instead of 3), and CPU per case grew
+    with the number in flight, 8.7 ms at 64 to 12 ms at 512 (bench/throughput.py). Parsed
+    documents are shared: the phases only read them."""
+
+    # Measured with tracemalloc over a finished batch's documents (2026-12-06): a parsed
+    # document holds 4.5x its bytes under 1 KB, 3.4x at 2 KB, 2.1x at 4 KB, 1.7x at 8 KB.
+    # 4 is the upper end for the small ones most documents are (it was 8, which let the
+    # bound hold half of what it said).
+    PARSED_FACTOR = 4
+    # Room per case in flight: with 32 KiB, 512 in flight read each case document from the
+    # store once (2,000 cases: 2,000 catalogue reads, against 3,800 with none; +12 MB).
+    PER_CASE = 32 << 10
 
     def __init__(self, max_bytes: int = 16 << 20, max_item: int = 256 << 10):
-        self.max_bytes, self.max_item = max_bytes, max_item
+        self.base_bytes, self.max_item = max_bytes, max_item
+        self._reserved = 0
         self._entries: OrderedDict[str, tuple[bytes, Any]] = OrderedDict()
         self._size = 0
         self._lock = threading.Lock()
+
+    @property
+    def max_bytes(self) -> int:
+        return self.base_bytes + self._reserved * self.PER_CASE
+
+    @contextlib.contextmanager
+    def reserve(self, cases: int) -> Iterator[None]:
+        """Room for ``cases`` more cases in flight while the block runs; leaving it gives
+        the room back (and evicts down to the smaller bound). Engines in one process add
+        up."""
+        if cases < 0:
+            raise ValueError("cases must be >= 0")
+        with self._lock:
+            self._reserved += cases
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._reserved -= cases
+                self._evict()
 
     def get(self, sha: str) -> tuple[bytes, Any] | None:
         with self._lock:
@@ -63,15 +97,25 @@ class _Documents:
                     parsed = old[1]
             self._entries[sha] = (data, parsed)
             self._size += self._cost(data, parsed)
-            while self._size > self.max_bytes:
-                _sha, gone = self._entries.popitem(last=False)
-                self._size -= self._cost(*gone)
+            self._evict()
+
+    def _evict(self) -> None:
+        limit = self.max_bytes
+        while self._size > limit:
+            _sha, gone = self._entries.popitem(last=False)
+            self._size -= self._cost(*gone)
 
     def _cost(self, data: bytes, parsed: Any) -> int:
         return len(data) * (1 if parsed is _UNPARSED else 1 + self.PARSED_FACTOR)
 
 
 DOCUMENTS = _Documents()
+
+
+def reserve_documents(cases: int) -> contextlib.AbstractContextManager[None]:
+    """Room in the document cache for ``cases`` more cases in flight, while the block
+    runs (see :class:`_Documents`)."""
+    return DOCUMENTS.reserve(cases)
 
 
 class HistoryProblem(Exception):

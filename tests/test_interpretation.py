@@ -300,6 +300,9 @@ class TestDocumentCache:
         with pytest.raises(ValueError), cache.reserve(-1):
             pass
         assert cache.max_bytes == 1000
+        with cache.reserve(10**9):  # an absurd concurrency does not lift the bound
+            assert cache.max_bytes == 1000 + cache.MAX_ROOM == 1000 + (256 << 20)
+        assert cache.max_bytes == 1000
 
     def test_a_phases_own_files_are_kept_as_written_but_request_bodies_are_not(
             self, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -51,6 +51,10 @@ class _Documents:
     # Room per case in flight: with 32 KiB, 512 in flight read each case document from the
     # store once (2,000 cases: 2,000 catalogue reads, against 3,800 with none; +12 MB).
     PER_CASE = 32 << 10
+    # The room reserved, whatever the concurrency: the bound is memory that stays in use
+    # once a long run has filled it (a daemon's finished cases leave their documents until
+    # they are evicted), so an engine opened with concurrency=10**9 must not lift it.
+    MAX_ROOM = 256 << 20
 
     def __init__(self, max_bytes: int = 16 << 20, max_item: int = 256 << 10):
         self.base_bytes, self.max_item = max_bytes, max_item
@@ -61,13 +65,13 @@ class _Documents:
 
     @property
     def max_bytes(self) -> int:
-        return self.base_bytes + self._reserved * self.PER_CASE
+        return self.base_bytes + min(self._reserved * self.PER_CASE, self.MAX_ROOM)
 
     @contextlib.contextmanager
     def reserve(self, cases: int) -> Iterator[None]:
         """Room for ``cases`` more cases in flight while the block runs; leaving it gives
         the room back (and evicts down to the smaller bound). Engines in one process add
-        up."""
+        up, to at most ``MAX_ROOM`` in all."""
         if cases < 0:
             raise ValueError("cases must be >= 0")
         with self._lock:

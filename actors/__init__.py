@@ -23,5 +23,6 @@ from ._store_handle import StoreHandle as StoreHandle
 from ._store_handle import open_store as open_store
 from ._supervisor import CaseResult as CaseResult
 from ._supervisor import Engine as Engine
+from ._supervisor import check_concurrency as check_concurrency
 from ._supervisor import open_engine_on as open_engine_on
 from ._supervisor import worst_exit as worst_exit

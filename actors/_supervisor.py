@@ -398,6 +398,13 @@ class Engine(Passes):
         return CaseResult(case_id, result)
 
 
+def check_concurrency(concurrency: object) -> None:
+    """``ValueError`` unless ``concurrency`` is an integer >= 1 (``math.inf`` was taken,
+    and the document cache's reservation then left ``nan`` behind it: never evicting)."""
+    if type(concurrency) is not int or concurrency < 1:
+        raise ValueError(f"concurrency must be an integer >= 1, not {concurrency!r}")
+
+
 @asynccontextmanager
 async def open_engine_on(store: StoreHandle, gateway: GatewayHandle, config: Config, *,
                          concurrency: int = 16, clock: Clock | None = None,
@@ -409,6 +416,7 @@ async def open_engine_on(store: StoreHandle, gateway: GatewayHandle, config: Con
     engine finds work (``due``, ``run_until_idle``, ``serve``) among that shard's cases
     only, so that processes sharing a store each take their own part; cases given by id
     are advanced whatever their shard."""
+    check_concurrency(concurrency)
     # The phases' document cache holds each case in flight's documents between its
     # steps: without the room, 512 in flight read each case's back 17 times, not 3.
     with reserve_documents(concurrency):

@@ -89,6 +89,13 @@ class TestEmbeddingApi:
             await intake_many(engine, tmp_path, ["R-1"])
             assert (await engine.dispatch("R-1")).result.status == "COMPLETED"
         assert _view.DOCUMENTS.max_bytes == base
+        for bad in (float("inf"), 0, 2.5):  # refused before the store is created
+            with pytest.raises(ValueError, match="concurrency"):
+                async with open_engine(store=tmp_path / "new", config=config, environ=ENV,
+                                       concurrency=bad):  # type: ignore[arg-type]
+                    pass
+            assert not (tmp_path / "new").exists()
+        assert _view.DOCUMENTS.max_bytes == base
 
     async def test_an_engine_with_a_shard_takes_only_its_cases(
             self, tmp_path: Path, server: LoopbackServer) -> None:

@@ -71,7 +71,8 @@ ENGINE_API = [
 ACTORS_API = [
     "CaseResult", "Clock", "Engine", "GatewayHandle", "GatewayPool", "PhaseServices",
     "ProviderStats", "PublishMsg", "PublisherStats", "Snapshot", "StoreHandle", "SystemClock",
-    "TrioClock", "case_operation", "dispatch_phase", "log_event", "mailbox", "open_engine_on",
+    "TrioClock", "case_operation", "check_concurrency", "dispatch_phase", "log_event",
+    "mailbox", "open_engine_on",
     "open_gateway", "open_store", "run_gateway_pool", "run_phase", "run_publisher", "worst_exit",
 ]
 

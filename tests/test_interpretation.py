@@ -260,10 +260,13 @@ class TestDocumentCache:
     def test_bounded_by_the_memory_parsed_documents_hold(self) -> None:
         """A parsed document counts PARSED_FACTOR times its bytes beyond them; the least
         recently used goes first; a document over max_item is never kept."""
+        from engine._phases import _view as view_module
         from engine._phases._view import _Documents
 
-        assert _Documents.PARSED_FACTOR == 4
         cache = _Documents(max_bytes=1000, max_item=200)
+        assert cache._cost(b"x" * 10, {"x": 1}) == cache.ENTRY_OVERHEAD + 10 * 5
+        assert cache._cost(b"x" * 10, view_module._UNPARSED) == cache.ENTRY_OVERHEAD + 10
+        cache.ENTRY_OVERHEAD = 0  # the arithmetic below, in bytes alone
         cache.put("a", b"x" * 100, {"a": 1})   # costs 500
         cache.put("b", b"y" * 50)                # costs 50: 550 in all
         cache.put("d", b"w" * 80, {"d": 1})     # costs 400: 950 in all
@@ -284,6 +287,7 @@ class TestDocumentCache:
         from engine._phases._view import _Documents
 
         cache = _Documents(max_bytes=1000, max_item=10_000)
+        cache.ENTRY_OVERHEAD = 0
         per = cache.PER_CASE
         with cache.reserve(2):
             assert cache.max_bytes == 1000 + 2 * per
@@ -299,6 +303,10 @@ class TestDocumentCache:
         assert cache.get("k1") is None and cache.get("k0") is not None  # k0 was read last
         with pytest.raises(ValueError), cache.reserve(-1):
             pass
+        assert cache.max_bytes == 1000
+        for bad in (float("inf"), 2.5, True, "3"):  # inf - inf left nan: never evicting
+            with pytest.raises(ValueError), cache.reserve(bad):  # type: ignore[arg-type]
+                pass
         assert cache.max_bytes == 1000
         with cache.reserve(10**9):  # an absurd concurrency does not lift the bound
             assert cache.max_bytes == 1000 + cache.MAX_ROOM == 1000 + (256 << 20)

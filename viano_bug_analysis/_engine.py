@@ -20,7 +20,7 @@ import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
-from actors import Clock, Engine, open_engine_on, open_gateway, open_store
+from actors import Clock, Engine, check_concurrency, open_engine_on, open_gateway, open_store
 from engine import Config, Shard
 
 
@@ -34,6 +34,7 @@ async def open_engine(*, store: str | os.PathLike[str], config: Config | None = 
     (``NotFound`` no_store) instead of creating it. ``shard`` (``Shard(index, count)``):
     find work only among the case ids of that shard, so that ``count`` processes sharing
     the store take disjoint parts of it (``viano batch --processes``)."""
+    check_concurrency(concurrency)  # before the store is created
     config = config or Config.resolve(None)
     async with open_gateway(config.providers, config.gateway, environ=environ) as gateway, \
             open_store(store, create=create, settings=config.store) as handle, \

@@ -44,10 +44,13 @@ class _Documents:
     documents are shared: the phases only read them."""
 
     # Measured with tracemalloc over a finished batch's documents (2026-12-06): a parsed
-    # document holds 4.5x its bytes under 1 KB, 3.4x at 2 KB, 2.1x at 4 KB, 1.7x at 8 KB.
-    # 4 is the upper end for the small ones most documents are (it was 8, which let the
-    # bound hold half of what it said).
+    # document holds 4.5x its bytes under 1 KB, 3.4x at 2 KB, 2.1x at 4 KB, 1.7x at 8 KB
+    # (it was counted at 8x, which let the bound hold half of what it said). 4x covers
+    # every size from 2 KB, where most of the bytes are; ENTRY_OVERHEAD (the key, the
+    # entry's tuple and its dict node, and what a small document holds beyond 4x) covers
+    # the small ones: a dense 208-byte document measured 2.25x what 4x alone said.
     PARSED_FACTOR = 4
+    ENTRY_OVERHEAD = 256
     # Room per case in flight: with 32 KiB, 512 in flight read each case document from the
     # store once (2,000 cases: 2,000 catalogue reads, against 3,800 with none; +12 MB).
     PER_CASE = 32 << 10
@@ -72,8 +75,8 @@ class _Documents:
         """Room for ``cases`` more cases in flight while the block runs; leaving it gives
         the room back (and evicts down to the smaller bound). Engines in one process add
         up, to at most ``MAX_ROOM`` in all."""
-        if cases < 0:
-            raise ValueError("cases must be >= 0")
+        if type(cases) is not int or cases < 0:  # inf would leave nan behind it
+            raise ValueError(f"cases must be an integer >= 0, not {cases!r}")
         with self._lock:
             self._reserved += cases
         try:
@@ -110,7 +113,8 @@ class _Documents:
             self._size -= self._cost(*gone)
 
     def _cost(self, data: bytes, parsed: Any) -> int:
-        return len(data) * (1 if parsed is _UNPARSED else 1 + self.PARSED_FACTOR)
+        parsed_cost = 0 if parsed is _UNPARSED else self.PARSED_FACTOR * len(data)
+        return self.ENTRY_OVERHEAD + len(data) + parsed_cost
 
 
 DOCUMENTS = _Documents()

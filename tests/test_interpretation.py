@@ -258,8 +258,9 @@ class TestContextAndArtifacts:
 
 class TestDocumentCache:
     def test_bounded_by_the_memory_parsed_documents_hold(self) -> None:
-        """A parsed document counts PARSED_FACTOR times its bytes beyond them; the least
-        recently used goes first; a document over max_item is never kept."""
+        """An entry costs ENTRY_OVERHEAD plus its bytes, and a parsed document
+        PARSED_FACTOR times its bytes beyond them; the least recently used goes first; a
+        document over max_item is never kept."""
         from engine._phases import _view as view_module
         from engine._phases._view import _Documents
 

@@ -52,7 +52,8 @@ class _Documents:
     PARSED_FACTOR = 4
     ENTRY_OVERHEAD = 256
     # Room per case in flight: with 32 KiB, 512 in flight read each case document from the
-    # store once (2,000 cases: 2,000 catalogue reads, against 3,800 with none; +12 MB).
+    # store once (2,000 cases: 2,000 catalogue reads, against 3,800 with none), for ~15 MB
+    # more at the peak of a 2,000:200:512 run (207-210 MB against 190-195).
     PER_CASE = 32 << 10
     # The room reserved, whatever the concurrency: the bound is memory that stays in use
     # once a long run has filled it (a daemon's finished cases leave their documents until

@@ -61,7 +61,8 @@ from tests.batch_helpers import write_generic_answers  # noqa: E402
 from viano_bug_analysis import open_engine  # noqa: E402
 
 CALLS_PER_CASE = 2  # interpretation and hypotheses
-DEFAULT_RUNS = "2000:0:64,2000:0:64:2,2000:200:512,2000:200:512:2,10000:200:512"
+DEFAULT_RUNS = ("2000:0:64,2000:0:64:2,2000:200:64,2000:200:512,2000:200:512:2,"
+                "10000:200:512")
 LITELLM_PROCESS_MB = 234  # a LiteLLM Router process measured on this kind of machine
 
 
@@ -249,6 +250,31 @@ def run_one(n: int, latency_ms: float, concurrency: int, tmp: Path,
             "x_ideal": None if ideal is None else res["cases_per_s"] / ideal, **res}
 
 
+def marginal_kib(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What one more case in flight costs: for each N and latency run in one process at
+    two or more concurrencies, the slope of peak RSS from the lowest to the highest. The
+    per-in-flight column divides the whole growth by the concurrency, so it also charges
+    each case with what a run holds at any concurrency (the SQLite page caches, the
+    document cache's base, the modules a run imports first)."""
+    groups: dict[tuple[int, float], list[dict[str, Any]]] = {}
+    for r in runs:
+        if r["processes"] == 1:
+            groups.setdefault((r["n"], r["latency_ms"]), []).append(r)
+    out = []
+    for (n, latency), rs in sorted(groups.items()):
+        lo = min(rs, key=lambda r: r["concurrency"])
+        hi = max(rs, key=lambda r: r["concurrency"])
+        if lo["concurrency"] == hi["concurrency"]:
+            continue
+        slope = ((hi["rss_peak_mb"] - lo["rss_peak_mb"]) * 1024
+                 / (hi["concurrency"] - lo["concurrency"]))
+        out.append({"n": n, "latency_ms": latency, "from_concurrency": lo["concurrency"],
+                    "to_concurrency": hi["concurrency"], "kib_per_added_in_flight": slope,
+                    "fixed_mb": lo["rss_peak_mb"] - lo["rss_before_mb"]
+                    - slope * lo["concurrency"] / 1024})
+    return out
+
+
 def main() -> None:
     tune_collector()  # the process as the viano command sets it up (engine/_process.py)
     ap = argparse.ArgumentParser(description=__doc__,
@@ -278,9 +304,18 @@ def main() -> None:
                 ["N", "lat ms", "conc", "procs", "cases/s", "ideal/s", "x ideal", "pubs/txn",
                  "p50 ms", "p99 ms", "cpu ms/case", "peak MB", "largest MB",
                  "KiB/in-flight"], rows)
+    slopes = marginal_kib(out)
+    if slopes:
+        print_table("peak RSS per case added in flight (one process; the slope between "
+                    "two concurrencies)",
+                    ["N", "lat ms", "conc from", "conc to", "KiB/added in-flight",
+                     "fixed MB"],
+                    [[m["n"], m["latency_ms"], m["from_concurrency"], m["to_concurrency"],
+                      m["kib_per_added_in_flight"], m["fixed_mb"]] for m in slopes])
     print(f"\ngoals: >= 0.90 x ideal at 200 ms; <= 64 KiB per in-flight case; a whole "
           f"process under LiteLLM's ~{LITELLM_PROCESS_MB} MB")
-    write_json("throughput", {"runs": out, "calls_per_case": CALLS_PER_CASE,
+    write_json("throughput", {"runs": out, "marginal": slopes,
+                              "calls_per_case": CALLS_PER_CASE,
                               "peak_rss_mb_process": resource.getrusage(
                                   resource.RUSAGE_SELF).ru_maxrss / 1024})
 

@@ -4,7 +4,12 @@ It takes the case's lease without waiting (busy → DEFERRED ``locked``) and hol
 whole dispatch. Each step is decided from durable state alone (``engine.decide`` over the
 head generation and the case's status), carried out — a publication through the publisher,
 or a round through the gateway pool — and the next step decided again from what is now
-durable, never from memory of an earlier call. It never sleeps for a due time.
+durable, never from memory of an earlier call. The first step reads the head; a later one
+starts from the generation and status its own step committed, which is what the head is
+while the lease is held (reading it again was ~5 of a case's 7 head reads, ~7% of its CPU).
+A writer that ignores the lease is still caught: every publication and status is fenced by
+the generation it was decided on (``StaleGeneration``: DEFERRED ``stale_generation``). It
+never sleeps for a due time.
 
 Cancellation at any await leaves only committed generations: a publication that was sent
 commits whole or not at all (the publisher's commit is shielded), a round that was not
@@ -138,6 +143,9 @@ class _Dispatch:
         self.request, self.package_id = request, package_id
         self.fresh_intent: tuple[int, str] | None = None  # an intent just made durable
         self._last: Snapshot | None = None  # the head of the step being planned (its errors)
+        # What this dispatch's own last step committed (its generation and the status that
+        # went with it): the next step's head, without reading it again.
+        self._committed: tuple[Snapshot, CaseStatus] | None = None
 
     async def run(self) -> DispatchResult:
         for _ in range(MAX_STEPS):
@@ -176,17 +184,22 @@ class _Dispatch:
         """On a worker thread: the head, the state it gives, the step, and that step's
         pure work (enter: the change; round: the prompt; judge: the verdict)."""
         store = self.s.store
-        ref, manifest = store.store.head(self.case_id)
-        if self.package_id is not None and manifest.package_id != self.package_id:
-            raise PhaseRefused(f"case {self.case_id!r} is package {manifest.package_id}, "
-                               f"not {self.package_id}", reason="package_mismatch",
-                               hint="Pass the package_id from the case's manifest "
-                                    "('viano show CASE').")
-        snap = Snapshot(store, manifest)
+        committed, self._committed = self._committed, None
+        status: CaseStatus | None
+        if committed is not None:
+            snap, status = committed
+        else:
+            ref, manifest = store.store.head(self.case_id)
+            if self.package_id is not None and manifest.package_id != self.package_id:
+                raise PhaseRefused(f"case {self.case_id!r} is package "
+                                   f"{manifest.package_id}, not {self.package_id}",
+                                   reason="package_mismatch",
+                                   hint="Pass the package_id from the case's manifest "
+                                        "('viano show CASE').")
+            snap, status = Snapshot(store, manifest), ref.status
         self._last = snap
         view = view_of(snap)
-        step = decide(load_state(self.spec, view, ref.status, self.request), self.request,
-                      now)
+        step = decide(load_state(self.spec, view, status, self.request), self.request, now)
         work: Any = None
         if isinstance(step, Enter):
             work = enter_change(self.spec, view, self.request)
@@ -201,6 +214,7 @@ class _Dispatch:
             return self._result(snap, made.status, made.reason, made.message)
         change, status = made
         after = await snap.publish(change, status)
+        self._committed = (after, status)
         crash_point("phase.entered")
         self.fresh_intent = (1, self.request.attempt_id)
         self._step(after, "enter", status)
@@ -227,6 +241,7 @@ class _Dispatch:
         record = await self.s.store.run_sync(lambda: round_change(
             self.spec, view, step, outcome, self.request, now=now, started_at=started))
         after = await snap.publish(record.change, record.status)
+        self._committed = (after, record.status)
         crash_point("phase.recorded")
         self._step(after, "round", record.status, provider=outcome.provider,
                    attempts=[{"provider": a.provider, "detail": a.detail,
@@ -239,6 +254,7 @@ class _Dispatch:
 
     async def _judge(self, snap: Snapshot, step: Judge, verdict: Any) -> DispatchResult:
         after = await snap.publish(verdict.change, verdict.status)
+        self._committed = (after, verdict.status)
         crash_point("phase.judged")
         self._step(after, "accept" if verdict.result_status == COMPLETED else "reject",
                    verdict.status)

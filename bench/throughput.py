@@ -9,7 +9,12 @@ after a fixed latency. Reported per run:
 * publications per transaction (the group-commit factor);
 * p50 and p99 of a case's advance (from taking a slot to its result);
 * CPU seconds per case (this process only: the provider runs elsewhere);
-* peak RSS during the run, and RSS per in-flight case: (peak - before) / concurrency.
+* peak RSS during the run, and RSS per in-flight case: (peak - before) / concurrency;
+* where one N and latency ran at two concurrencies in one process each, the slope: what
+  one more case in flight adds to the peak, and what a run holds at any concurrency.
+
+Each run's advance is a new process (its RSS starts from nothing the runs before it
+left).
 
 The runs the issue asks for are the default (``--runs``: N:latency_ms:concurrency[:P],
 comma separated); ``--quick`` is a small smoke run. With a fourth field P above 1 the
@@ -148,6 +153,20 @@ async def advance_all(store_root: Path, port: int, concurrency: int) -> dict[str
             "kib_per_in_flight": (peak - before) / concurrency}
 
 
+def advance_in_child(store_root: Path, port: int, concurrency: int) -> dict[str, Any]:
+    """:func:`advance_all` in a new process of its own: run in this one, a run's RSS
+    started from what the runs before it left (their caches, their freed but kept heap),
+    so its peak and the slope between two runs said more about the order than the run."""
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--advance",
+                           str(store_root), str(port), str(concurrency)],
+                          cwd=REPO, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"the advance of {store_root} failed ({proc.returncode}): "
+                         f"{proc.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
+    return result
+
+
 def _tree_rss_kib(pid: int) -> tuple[int, int]:
     """The summed RSS of ``pid`` and its descendants, and the largest of them (KiB)."""
     sizes, todo = [], [pid]
@@ -238,7 +257,7 @@ def run_one(n: int, latency_ms: float, concurrency: int, tmp: Path,
         if processes > 1:
             res = advance_with_processes(store_root, port, concurrency, processes, run_dir)
         else:
-            res = trio.run(advance_all, store_root, port, concurrency)
+            res = advance_in_child(store_root, port, concurrency)
             res["rss_largest_process_mb"] = res["rss_peak_mb"]
     finally:
         stop_server(proc)
@@ -282,7 +301,13 @@ def main() -> None:
     ap.add_argument("--runs", default=DEFAULT_RUNS,
                     help=f"N:latency_ms:concurrency,... (default {DEFAULT_RUNS})")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 200:0:32,200:50:64")
+    ap.add_argument("--advance", nargs=3, metavar=("STORE", "PORT", "CONCURRENCY"),
+                    help=argparse.SUPPRESS)  # one run's advance, in the child process
     args = ap.parse_args()
+    if args.advance:
+        root, port, conc = args.advance
+        print(json.dumps(trio.run(advance_all, Path(root), int(port), int(conc))))
+        return
     spec = "200:0:32,200:50:64" if args.quick else args.runs
     runs = [[float(x) for x in item.split(":")] for item in spec.split(",")]
     out = []

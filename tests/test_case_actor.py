@@ -345,6 +345,82 @@ class TestConcurrency:
             assert done.status == "COMPLETED"
 
 
+class TestCommittedHead:
+    async def test_later_steps_start_from_what_the_dispatch_committed(
+            self, tmp_path: Path, server: LoopbackServer,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        """The first step reads the head; each later one starts from the generation and
+        status its own step committed, and that is exactly what the store holds then
+        (the manifest and the status, compared at every step with a fresh read)."""
+        import actors._case_actor as case_actor
+
+        async with services(tmp_path / "s", [http_provider("p", "openai",
+                                                           server.openai_url)]) as sv:
+            await intake_sample(sv.store)
+            backend = sv.store.store
+            heads: list[str] = []
+            real_head, real_load = backend.head, case_actor.load_state
+            compared: list[int] = []
+
+            def counting_head(case_id: str) -> Any:
+                heads.append(case_id)
+                return real_head(case_id)
+
+            def checked_load(spec: Any, view: Any, status: Any, request: Any) -> Any:
+                ref = backend.case("BUG-20")
+                assert view.manifest == backend.manifest(ref.package_id, ref.generation)
+                assert status == ref.status
+                compared.append(view.manifest.package_generation)
+                return real_load(spec, view, status, request)
+
+            monkeypatch.setattr(backend, "head", counting_head)
+            monkeypatch.setattr(case_actor, "load_state", checked_load)
+            r = await dispatch_phase(sv, INTERPRETATION, "BUG-20", interpretation_request())
+            assert (r.status, r.reason) == ("COMPLETED", "awaiting_confirmation"), r
+            assert compared == [1, 2, 3]  # enter, round, judge (its result ends it)
+            assert heads == ["BUG-20"]
+            again = await dispatch_phase(sv, INTERPRETATION, "BUG-20",
+                                         interpretation_request())
+            assert again.status == "COMPLETED" and heads == ["BUG-20", "BUG-20"]
+        assert _calls(server) == 1
+
+    async def test_a_writer_between_steps_is_fenced_and_nothing_is_asked_again(
+            self, tmp_path: Path, server: LoopbackServer) -> None:
+        """A writer that ignores the lease moves the case after the round's answer is
+        checkpointed and before it is judged: the judgement, decided on the generation
+        this dispatch committed, is refused by the store (DEFERRED stale_generation),
+        and the next dispatch judges the checkpointed answer without asking again."""
+        from engine import BytesSource
+
+        events: list[dict[str, Any]] = []
+        async with services(tmp_path / "s", [http_provider("p", "openai",
+                                                           server.openai_url)],
+                            events=events) as sv:
+            await intake_sample(sv.store)
+            real = sv.store.run_sync
+            moved: list[int] = []
+
+            async def meddling(fn: Callable[..., Any], *args: Any) -> Any:
+                if getattr(fn, "__name__", "") == "_plan" and not moved and any(
+                        e.get("step") == "round" for e in events):
+                    snap = await sv.store.snapshot("BUG-20")
+                    after = await snap.publish(Change(files={
+                        "notes/x.txt": BytesSource.of(b"x")}))
+                    moved.append(after.generation)
+                return await real(fn, *args)
+
+            sv.store.run_sync = meddling  # type: ignore[method-assign]
+            r = await dispatch_phase(sv, INTERPRETATION, "BUG-20", interpretation_request())
+            assert (r.status, r.reason) == ("DEFERRED", "stale_generation"), r
+            assert moved == [4] and _calls(server) == 1
+            sv.store.run_sync = real  # type: ignore[method-assign]
+            done = await dispatch_phase(sv, INTERPRETATION, "BUG-20", interpretation_request())
+            assert (done.status, done.reason) == ("COMPLETED", "awaiting_confirmation")
+            snap = await sv.store.snapshot("BUG-20")
+            assert snap.has("notes/x.txt") and snap.has(PREFIX + "interpretation.json")
+        assert _calls(server) == 1
+
+
 class _Interrupt:
     """Cancels a dispatch at the k-th await of the store or gateway handle it uses."""
 

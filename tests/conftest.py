@@ -181,6 +181,30 @@ def wait_until_paused(marker: Path, child: subprocess.Popen[Any]) -> None:
         select.select([], [], [], 0.01)
 
 
+def rest_of(process: subprocess.Popen[str], timeout: float = 60) -> tuple[str, str]:
+    """The rest of a child's stdout and stderr once it has exited, for a child whose pipes
+    the test has already read from. ``communicate()`` reads the pipes' file descriptors
+    itself, so it loses whatever the file objects had buffered past the lines read. The
+    pipes are closed afterwards, as ``communicate()`` closes them."""
+    import threading
+
+    got: dict[str, str] = {}
+
+    def read(name: str) -> None:
+        stream = getattr(process, name)
+        if stream is not None:
+            with stream:
+                got[name] = stream.read()
+
+    readers = [threading.Thread(target=read, args=(name,)) for name in ("stdout", "stderr")]
+    for reader in readers:
+        reader.start()
+    process.wait(timeout=timeout)
+    for reader in readers:
+        reader.join(timeout=timeout)
+    return got.get("stdout", ""), got.get("stderr", "")
+
+
 class PausedChild:
     """A child process paused at a named pause point (see :func:`paused_child`)."""
 

@@ -11,7 +11,15 @@ import pytest
 import trio
 
 from engine import CaseLocked
-from tests.conftest import VIANO, Cli, child_env, paused_child, strict_json, wait_until_paused
+from tests.conftest import (
+    VIANO,
+    Cli,
+    child_env,
+    paused_child,
+    rest_of,
+    strict_json,
+    wait_until_paused,
+)
 from viano_bug_analysis.cli._context import LOCKED_TRIES, LOCKED_WAIT_S, waiting_for_the_case
 
 
@@ -84,7 +92,8 @@ def test_the_same_command_twice_at_once_both_succeed(cli: Cli, sample: Path, tmp
             said = second.stderr.readline()  # returns at the note, or at its exit
             assert "waiting for another process" in said, said
             out1, err1 = first.resume()
-            out2, err2 = second.communicate(timeout=60)
+            out2, rest = rest_of(second)
+            err2 = said + rest
         finally:
             if second.poll() is None:
                 second.kill()

@@ -24,7 +24,7 @@ from engine import (
     new_package_id,
     verify_store,
 )
-from tests.conftest import PYTHON, child_env, run_viano
+from tests.conftest import PYTHON, child_env, rest_of, run_viano
 from tests.store_helpers import open_ro, open_rw
 
 pytestmark = pytest.mark.usefixtures("backend")
@@ -115,21 +115,23 @@ class TestProcessDeath:
     def test_sigkill_mid_stream(self, tmp_path: Path) -> None:
         """SIGKILL during a stream of concurrent publications: verify passes and every
         acknowledged generation is present."""
-        proc = subprocess.Popen([PYTHON, str(CHILD), str(tmp_path), "8", "100000"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=child_env())
         acked = []
-        assert proc.stdout is not None
-        try:
-            for line in proc.stdout:
-                acked.append(line.split())
-                if len(acked) >= 400:
-                    break
-            proc.send_signal(signal.SIGKILL)
-            rest, _ = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+        with subprocess.Popen([PYTHON, str(CHILD), str(tmp_path), "8", "100000"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=child_env()) as proc:
+            assert proc.stdout is not None
+            try:
+                for line in proc.stdout:
+                    acked.append(line.split())
+                    if len(acked) >= 400:
+                        break
+                proc.send_signal(signal.SIGKILL)
+                # Not communicate(): it dropped the acks the line iterator had buffered,
+                # which then looked like many committed-but-unacknowledged generations.
+                rest, _ = rest_of(proc)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
         acked += [line.split() for line in rest.splitlines() if line.startswith("ack")]
         assert proc.returncode == -signal.SIGKILL
         assert len(acked) >= 400, "the child never got going"

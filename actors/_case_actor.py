@@ -6,7 +6,10 @@ head generation and the case's status), carried out — a publication through th
 or a round through the gateway pool — and the next step decided again from what is now
 durable, never from memory of an earlier call. The first step reads the head; a later one
 starts from the generation and status its own step committed, which is what the head is
-while the lease is held (reading it again was ~5 of a case's 7 head reads, ~7% of its CPU).
+while the lease is held (reading it again was ~5 of a case's 7 head reads, ~7% of its CPU);
+each such step checks first that the lease is still held (``check_lease``, as a head read
+does: a lease lost to another host raises ``StaleGeneration`` ``lease_lost`` before any
+model call, and that store refuses the worker's commits for the case from then on).
 A writer that ignores the lease is still caught: every publication and status is fenced by
 the generation it was decided on (``StaleGeneration``: DEFERRED ``stale_generation``). It
 never sleeps for a due time.
@@ -187,6 +190,9 @@ class _Dispatch:
         committed, self._committed = self._committed, None
         status: CaseStatus | None
         if committed is not None:
+            # The lease still held is what makes the committed state the head (the check
+            # a head read makes; on PostgreSQL a stall can lose the lease to another host).
+            store.store.check_lease(self.case_id)
             snap, status = committed
         else:
             ref, manifest = store.store.head(self.case_id)

@@ -24,6 +24,7 @@ from engine import (
     InterpretationLimits,
     InterpretationPolicy,
     SimulatedCrash,
+    StaleGeneration,
     arm_crash_point,
     confirm_change,
     unblock_change,
@@ -419,6 +420,43 @@ class TestCommittedHead:
             snap = await sv.store.snapshot("BUG-20")
             assert snap.has("notes/x.txt") and snap.has(PREFIX + "interpretation.json")
         assert _calls(server) == 1
+
+
+    async def test_a_lease_lost_between_steps_ends_the_dispatch_before_any_model_call(
+            self, tmp_path: Path, server: LoopbackServer, backend: str) -> None:
+        """On PostgreSQL a worker that stalls past its lease loses the case to another
+        host. A later step starts from what this dispatch committed, not from a head read,
+        so it must check the lease itself: after the enter step, another host takes the
+        case's lease row (and renewal notices), and the dispatch stops with
+        ``lease_lost`` before the round, with no model call."""
+        if backend != "postgresql":
+            pytest.skip("a SQLite lease is this process's own lock: it cannot be lost")
+        events: list[dict[str, Any]] = []
+        async with services(tmp_path / "s", [http_provider("p", "openai",
+                                                           server.openai_url)],
+                            events=events) as sv:
+            await intake_sample(sv.store)
+            leases = sv.store.store.leases  # type: ignore[attr-defined]
+            real = sv.store.run_sync
+            taken: list[str] = []
+
+            async def takeover(fn: Callable[..., Any], *args: Any) -> Any:
+                if getattr(fn, "__name__", "") == "_plan" and not taken and any(
+                        e.get("step") == "enter" for e in events):
+                    with leases.connect() as conn:
+                        conn.execute("UPDATE viano_leases SET holder = 'another-host' "
+                                     "WHERE case_id = 'BUG-20'")
+                    leases.renew()  # what the renewal thread does next
+                    taken.append("BUG-20")
+                return await real(fn, *args)
+
+            sv.store.run_sync = takeover  # type: ignore[method-assign]
+            with pytest.raises(StaleGeneration) as lost:
+                await dispatch_phase(sv, INTERPRETATION, "BUG-20", interpretation_request())
+            assert lost.value.reason == "lease_lost" and taken == ["BUG-20"]
+            assert [e.get("step") for e in events if e.get("step")] == ["enter"]
+            assert (await sv.store.case("BUG-20")).generation == 2  # intake, enter
+        assert _calls(server) == 0
 
 
 class _Interrupt:

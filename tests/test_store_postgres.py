@@ -442,6 +442,35 @@ class TestLeases:
             a.close()
             b.close()
 
+    def test_the_late_worker_stays_fenced_after_the_taker_gives_the_case_back(
+            self, pg_url: str, tmp_path: Path) -> None:
+        """Once renewal has found the lease taken over, the late worker's commits for that
+        case are refused even when no other worker holds it any more: the other one
+        took it, worked and gave it back, so the late worker's decision is stale whether or
+        not the generation it read is still the head."""
+        a, b = _open(pg_url, tmp_path / "b"), _open(pg_url, tmp_path / "b")
+        try:
+            first = a.commit_batch([create("G-1")])
+            with a.lease("G-1"):
+                _exec(pg_url, "UPDATE viano_leases SET expires_at = now() - interval '1 s'")
+                with b.lease("G-1"):
+                    a.leases.renew()
+                assert a.leases.is_lost("G-1")
+                assert _exec(pg_url, "SELECT count(*) FROM viano_leases") == [(0,)]
+                late = PublishRequest(first[0].package_id, "G-1", 1, Change(
+                    files={"notes/n.txt": BytesSource.of(b"late")}))
+                out = a.commit_batch([late])
+                assert isinstance(out[0], StaleGeneration), out
+                assert out[0].reason == "lease_lost"
+                assert a.case("G-1").generation == 1
+                with pytest.raises(StaleGeneration):
+                    a.check_lease("G-1")
+            with a.lease("G-1"):  # held anew: no longer lost, and it writes
+                assert isinstance(a.commit_batch([late])[0], Published)
+        finally:
+            a.close()
+            b.close()
+
     def test_renewal_pushes_the_expiry_of_every_lease_held(self, pg_url: str,
                                                            tmp_path: Path) -> None:
         a = _open(pg_url, tmp_path / "b", lease_s=60)

@@ -327,14 +327,16 @@ class PostgresStore:
 
     def _fence(self, conn: Any, requests: Sequence[Request],
                refused: list[VianoError | None]) -> None:
-        """A request for a case that another worker holds the lease on writes nothing:
-        this worker's lease expired (it stalled) and the case was taken over."""
+        """A request for a case that another worker holds the lease on, or whose lease
+        this worker has marked lost (another took it over, and may since have given it
+        back), writes nothing: this worker's lease expired while it stalled."""
         cases = sorted({r.case_id for i, r in enumerate(requests) if refused[i] is None})
         if not cases:
             return
         taken = {r[0] for r in conn.execute(FENCE, {"cases": cases,
                                                     "me": self.leases.holder,
                                                     "held": self.leases.held})}
+        taken.update(c for c in cases if self.leases.is_lost(c))
         for i, req in enumerate(requests):
             if refused[i] is None and req.case_id in taken:
                 refused[i] = StaleGeneration(
@@ -547,17 +549,23 @@ class PostgresStore:
                     cm.__exit__(None, None, None)
 
     @guarded
-    def head(self, case_id: str) -> tuple[CaseRef, Manifest]:
-        """The case's index row and its head manifest. No transaction is needed for the
-        pair to agree: the row (generation and status) is read in one statement, and a
-        generation's manifest never changes once written (one round trip when the
-        manifest is cached, as a case actor's head mostly is)."""
+    def check_lease(self, case_id: str) -> None:
+        """Refuse the next step of a case whose lease this worker lost (one round trip
+        only when the lease was last known ours more than lease_s / 2 ago)."""
         if not self.leases.still_held(case_id):
             raise StaleGeneration(f"case {case_id!r}: this worker's lease was taken over "
                                   "while it stalled; it takes no further step",
                                   reason="lease_lost",
                                   hint="Nothing to do: the worker that holds the case "
                                        "carries it on.")
+
+    @guarded
+    def head(self, case_id: str) -> tuple[CaseRef, Manifest]:
+        """The case's index row and its head manifest. No transaction is needed for the
+        pair to agree: the row (generation and status) is read in one statement, and a
+        generation's manifest never changes once written (one round trip when the
+        manifest is cached, as a case actor's head mostly is)."""
+        self.check_lease(case_id)
         ref = self.case(case_id)
         with self._connection() as conn:
             return ref, self._manifest(conn, ref.package_id, ref.generation)

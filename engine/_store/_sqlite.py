@@ -373,6 +373,9 @@ class SqliteStore:
 
     # -- leases and maintenance --------------------------------------------------------
 
+    def check_lease(self, case_id: str) -> None:
+        """A no-op: the lease is this process's own lock, held until it is given back."""
+
     @contextmanager
     def lease(self, case_id: str) -> Iterator[None]:
         """The case lease: a non-blocking ``flock`` on ``locks/<case>.lock``, released by

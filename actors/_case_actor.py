@@ -152,12 +152,11 @@ class _Dispatch:
 
     async def run(self) -> DispatchResult:
         for _ in range(MAX_STEPS):
-            # One worker-thread hop per step: read the head, derive the state, decide,
-            # and prepare what the step needs (a thread hop is ~150 us of CPU, and a case
-            # takes a dozen steps).
+            # One job per step: read the head, derive the state, decide, and prepare what
+            # the step needs (on this thread for SQLite: StoreHandle.run_local).
             now = self.s.clock.now()
             try:
-                planned = await self.s.store.run_sync(self._plan, now)
+                planned = await self.s.store.run_local(self._plan, now)
             except HistoryProblem as exc:
                 if self._last is None:
                     raise
@@ -184,7 +183,7 @@ class _Dispatch:
                          "steps")
 
     def _plan(self, now: float) -> tuple[Snapshot, Any, Any]:
-        """On a worker thread: the head, the state it gives, the step, and that step's
+        """In one job (``run_local``): the head, the state it gives, the step, and that step's
         pure work (enter: the change; round: the prompt; judge: the verdict)."""
         store = self.s.store
         committed, self._committed = self._committed, None
@@ -244,7 +243,7 @@ class _Dispatch:
             prompt, max_output_bytes=self.spec.max_output_bytes(policy)))
         crash_point("phase.answered")
         now = self.s.clock.now()
-        record = await self.s.store.run_sync(lambda: round_change(
+        record = await self.s.store.run_local(lambda: round_change(
             self.spec, view, step, outcome, self.request, now=now, started_at=started))
         after = await snap.publish(record.change, record.status)
         self._committed = (after, record.status)

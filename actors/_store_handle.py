@@ -7,7 +7,8 @@
         snap = await snap.publish(change)        # on top of exactly that generation
 
 Reads go to the backend on one of ``Store.reader_threads`` worker threads
-(``StoreHandle.run_sync``); every write goes through the publisher. A
+(``StoreHandle.run_sync``), except a case step's head and plan on a backend whose reads
+wait on no network (``run_local``); every write goes through the publisher. A
 :class:`Snapshot` is one generation as read: its manifest, reads from that generation
 only (by the hashes it lists, so two reads can never see two generations), and
 ``publish`` bound to it as the expected parent.
@@ -70,6 +71,23 @@ class StoreHandle:
         share the same threads (``open_store``): a commit that waits for one gathers more
         publications. Never abandoned once started (``_workers``)."""
         return await self.workers.run(fn, *args)
+
+    async def run_local(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` for work that is mostly Python over a few local reads (a case
+        step's plan: its head and its documents, each within the intake limits): on this
+        thread when the backend's reads wait on no network (SQLite), else as
+        :meth:`run_sync`. A hop to a worker thread costs more than such a job saves the
+        event loop: every hop hands the GIL to the worker and back, and with two threads
+        running Python the interpreter forces switches between them (strace of 2,000 cases
+        at 0 ms: ~490 futex calls per case). Measured in ``bench/throughput.py`` (see the
+        README). The same rules as a hop: cancelled before it starts, it never runs;
+        started, it is never abandoned, and a cancellation comes at the next checkpoint."""
+        if self.store.reads_block:
+            return await self.workers.run(fn, *args)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        result = fn(*args)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return result
 
     @property
     def location(self) -> str:
@@ -166,19 +184,18 @@ class StoreHandle:
 
     async def head(self, case_id: str) -> tuple[CaseRef, Snapshot]:
         """The case's index row (with its durable status) and its head, read together."""
-        ref, manifest = await self.run_sync(self.store.head, case_id)
+        ref, manifest = await self.run_local(self.store.head, case_id)
         return ref, Snapshot(self, manifest)
 
     async def head_with(self, case_id: str, work: Callable[[Snapshot], T]
                         ) -> tuple[CaseRef, Snapshot, T]:
-        """The head and ``work`` done on it, in one worker-thread hop (a hop costs ~150 us
-        of CPU; reading the head and then working on it in a second one doubles that)."""
+        """The head and ``work`` done on it, in one job (:meth:`run_local`)."""
         def run() -> tuple[CaseRef, Snapshot, T]:
             ref, manifest = self.store.head(case_id)
             snap = Snapshot(self, manifest)
             return ref, snap, work(snap)
 
-        return await self.run_sync(run)
+        return await self.run_local(run)
 
     def snapshot_of(self, published: Published) -> Snapshot:
         return Snapshot(self, published.manifest)

@@ -398,7 +398,7 @@ class TestCommittedHead:
                                                            server.openai_url)],
                             events=events) as sv:
             await intake_sample(sv.store)
-            real = sv.store.run_sync
+            real = sv.store.run_local
             moved: list[int] = []
 
             async def meddling(fn: Callable[..., Any], *args: Any) -> Any:
@@ -410,11 +410,11 @@ class TestCommittedHead:
                     moved.append(after.generation)
                 return await real(fn, *args)
 
-            sv.store.run_sync = meddling  # type: ignore[method-assign]
+            sv.store.run_local = meddling  # type: ignore[method-assign]
             r = await dispatch_phase(sv, INTERPRETATION, "BUG-20", interpretation_request())
             assert (r.status, r.reason) == ("DEFERRED", "stale_generation"), r
             assert moved == [4] and _calls(server) == 1
-            sv.store.run_sync = real  # type: ignore[method-assign]
+            sv.store.run_local = real  # type: ignore[method-assign]
             done = await dispatch_phase(sv, INTERPRETATION, "BUG-20", interpretation_request())
             assert (done.status, done.reason) == ("COMPLETED", "awaiting_confirmation")
             snap = await sv.store.snapshot("BUG-20")
@@ -437,7 +437,7 @@ class TestCommittedHead:
                             events=events) as sv:
             await intake_sample(sv.store)
             leases = sv.store.store.leases  # type: ignore[attr-defined]
-            real = sv.store.run_sync
+            real = sv.store.run_local
             taken: list[str] = []
 
             async def takeover(fn: Callable[..., Any], *args: Any) -> Any:
@@ -450,7 +450,7 @@ class TestCommittedHead:
                     taken.append("BUG-20")
                 return await real(fn, *args)
 
-            sv.store.run_sync = takeover  # type: ignore[method-assign]
+            sv.store.run_local = takeover  # type: ignore[method-assign]
             with pytest.raises(StaleGeneration) as lost:
                 await dispatch_phase(sv, INTERPRETATION, "BUG-20", interpretation_request())
             assert lost.value.reason == "lease_lost" and taken == ["BUG-20"]

@@ -185,3 +185,69 @@ async def test_the_daemons_case_counts_read_on_the_pools_threads(
                 "cases": 0, "by_phase_and_status": {}}
         backend = store.store
         assert len(backend._readers) <= backend.reader_threads  # type: ignore[attr-defined]
+
+
+# -- StoreHandle.run_local: a case step's plan, on the loop's thread where reads are local --
+
+
+async def test_run_local_runs_on_the_loops_thread_for_sqlite_and_on_the_pool_otherwise(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite's reads wait on no network, so a plan is done where it is asked for (a hop
+    costs more than it saves: ~490 futex calls per case, bench/throughput.py); a backend
+    whose reads block (PostgreSQL) keeps them on the pool's threads."""
+    async with open_store(tmp_path / "s") as store:
+        assert store.store.reads_block is False
+        here = threading.current_thread().name
+        assert await store.run_local(lambda: threading.current_thread().name) == here
+        monkeypatch.setattr(store.store, "reads_block", True)
+        names = {await store.run_local(lambda: threading.current_thread().name)
+                 for _ in range(8)}
+        assert names and all(n.startswith("viano-store-") for n in names)
+
+
+async def test_run_local_keeps_the_hops_cancellation_rules(tmp_path: Path) -> None:
+    """Cancelled before it starts, the job never runs; a cancellation that comes while it
+    runs does not discard its result, and is delivered at the caller's next checkpoint."""
+    ran: list[str] = []
+    async with open_store(tmp_path / "s") as store:
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await store.run_local(ran.append, "cancelled before")
+        assert scope.cancelled_caught and ran == []
+
+        got: str | None = None
+        with trio.CancelScope() as scope:
+            def job() -> str:
+                scope.cancel()  # as if the caller's deadline passed while it ran
+                ran.append("ran")
+                return "its result"
+
+            result = await store.run_local(job)
+            got = result  # reached: the result came back despite the cancellation
+            await trio.lowlevel.checkpoint()
+            got = "not delivered"
+        assert ran == ["ran"] and got == "its result" and scope.cancelled_caught
+
+
+async def test_run_local_lets_other_tasks_run_between_jobs(tmp_path: Path) -> None:
+    """Each job ends with a schedule point: a task doing plan after plan does not starve
+    the others (the gateway's reads, the publisher) on the loop it now shares."""
+    turns: list[str] = []
+    async with open_store(tmp_path / "s") as store:
+        async def planner() -> None:
+            for _ in range(3):
+                await store.run_local(turns.append, "plan")
+
+        async def other() -> None:
+            for _ in range(3):
+                turns.append("other")
+                await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(planner)
+            nursery.start_soon(other)
+    # Both move one turn per scheduler batch (trio may run a batch in either order, so
+    # two plans can meet at a batch's edge, never three): without the schedule point, the
+    # planner's three run in one go.
+    assert turns.count("plan") == 3 and turns.count("other") == 3
+    assert "plan,plan,plan" not in ",".join(turns), turns

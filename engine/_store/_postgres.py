@@ -132,6 +132,7 @@ class PostgresStore:
     kind = "postgresql"
     leases_block = True  # a round trip to the database
     reader_threads = 8  # each read waits a round trip, without the GIL
+    reads_block = True  # a round trip to the database
     repair_hint = ("Mount the store's own shared blob folder at [store] blob_root, or "
                    "restore the database from a backup")
 

@@ -85,6 +85,9 @@ class Store(Protocol):
     # gain nothing from more threads and lose to their contention for it (SQLite: 2);
     # reads that wait on the network overlap (PostgreSQL).
     reader_threads: int
+    # Whether a read waits on the network (PostgreSQL) rather than on local pages
+    # (SQLite). A case step's plan runs on the event loop's thread where it does not.
+    reads_block: bool
     # What to do when index_problems() names something (verify's and gc's hint).
     repair_hint: str
 

@@ -115,6 +115,7 @@ class SqliteStore:
     # 40 threads (trio's default) planning steps at once: 25 ms of CPU per case; 2: 16 ms
     # (bench/throughput.py, the GIL handed back and forth ~3,800 times per case).
     reader_threads = 2
+    reads_block = False  # local pages
     repair_hint = "Restore store.sqlite3 (or the store-id file) from a backup"
 
     def __init__(self, root: Path, *, writable: bool, version: int,

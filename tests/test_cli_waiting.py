@@ -12,6 +12,7 @@ import trio
 
 from engine import CaseLocked
 from tests.conftest import (
+    PYTHON,
     VIANO,
     Cli,
     child_env,
@@ -201,3 +202,44 @@ def test_sigterm_during_an_export_cleans_up_as_ctrl_c_does(cli: Cli, sample: Pat
     assert process.returncode == 130, (process.returncode, err)
     assert strict_json(out)["error"]["reason"] == "interrupted", out  # type: ignore[index]
     assert sorted(p.name for p in out_dir.iterdir()) == [], list(out_dir.iterdir())
+
+
+def test_ctrl_c_while_a_models_answer_is_recorded(cli: Cli, sample: Path,
+                                                  tmp_path: Path) -> None:
+    """Ctrl-C while ``viano interpret`` builds the record of the model's answer (on SQLite
+    that plan runs on the event loop's thread): the answer, paid for, still lands as its
+    round record, and the command says it was interrupted (exit 130). A KeyboardInterrupt
+    raised inside the plan threw the answer away, so running the command again called the
+    model again; the worker thread it ran on before had held Ctrl-C back until the commit.
+    The SIGINT is raised by the plan itself (``round_change`` wrapped): no timing."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[[providers]]\nname = "fx"\nkind = "fixture"\n'
+                   f'path = "{sample / "fixtures"}"\n')
+    store = tmp_path / "s"
+    assert cli("intake", "--store", store, "--report", sample / "report.json", "--attach",
+               f"diagnostics={sample / 'wowdiag.zip'}").code == 0
+    code = ("import signal\n"
+            "import actors._case_actor as actor\n"
+            "real = actor.round_change\n"
+            "def interrupted(*args, **kwargs):\n"
+            "    signal.raise_signal(signal.SIGINT)\n"
+            "    return real(*args, **kwargs)\n"
+            "actor.round_change = interrupted\n"
+            "from viano_main import run; run()\n")
+    proc = subprocess.run([PYTHON, "-c", code, "interpret", "BUG-20", "--json", "--store",
+                           str(store), "--config", str(cfg)], env=child_env(),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 130, proc.stderr
+    assert "interrupted" in proc.stdout and "Traceback" not in proc.stderr, proc.stderr
+    answer = "analysis/interpretation/0001/rounds/0001-0001.answer.json"
+    log = cli("log", "BUG-20", "--json", "--store", store).json
+    added = [path for g in log["generations"] for path in g["added"]]  # type: ignore[index]
+    assert answer in added, added
+    # Run again, it judges the recorded answer: no second round, no second call.
+    again = cli("interpret", "BUG-20", "--json", "--store", store, "--config", cfg)
+    assert again.code == 0 and again.json["reason"] == "awaiting_confirmation", again.out  # type: ignore[index]
+    log = cli("log", "BUG-20", "--json", "--store", store).json
+    rounds = [p for g in log["generations"] for p in g["added"]  # type: ignore[index]
+              if "/rounds/" in p]
+    assert rounds == [answer], rounds
+    assert cli("verify", "--store", store).code == 0

@@ -251,3 +251,34 @@ async def test_run_local_lets_other_tasks_run_between_jobs(tmp_path: Path) -> No
     # planner's three run in one go.
     assert turns.count("plan") == 3 and turns.count("other") == 3
     assert "plan,plan,plan" not in ",".join(turns), turns
+
+
+@pytest.mark.parametrize("reads_block", [False, True], ids=["inline", "pool"])
+async def test_run_local_lets_other_tasks_run_when_its_job_raises(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reads_block: bool) -> None:
+    """A job that raises still passes through a schedule point, on both paths: a caller
+    retrying a failing plan in a loop cannot starve the loop. Inline, the only schedule
+    point came after the job, so a raising job skipped it (the other task got 0 turns in
+    100 calls)."""
+    def boom(n: int) -> None:
+        raise ValueError(n)
+
+    turns = 0
+    async with open_store(tmp_path / "s") as store:
+        monkeypatch.setattr(store.store, "reads_block", reads_block)
+
+        async def other() -> None:
+            nonlocal turns
+            while True:
+                turns += 1
+                await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other)
+            await trio.lowlevel.checkpoint()  # it has started (it never blocks)
+            start = turns
+            for i in range(20):
+                with pytest.raises(ValueError, match=str(i)):
+                    await store.run_local(boom, i)
+            assert turns - start >= 20
+            nursery.cancel_scope.cancel()

@@ -615,3 +615,25 @@ def test_nothing_is_written_into_another_store(cli: Cli, sample: Path, tmp_path:
         assert r.json["error"]["reason"] == "destination_in_store", r.out  # type: ignore[index]
     assert snapshot(other) == before
     assert cli("verify", "--store", other).code == 0
+
+
+def test_a_closed_store_opens_no_connection_again(tmp_path: Path) -> None:
+    """After ``close``, asking for the writer (either backend) or a reader (SQLite) is a
+    clear ``store_unavailable``, and no connection is opened: one made then was never
+    closed (a leak, and a handle that went on working after its end), from any path that
+    reached a connection without passing the gate."""
+    store = open_rw(tmp_path / "s")
+    store.commit_batch([create("CL-1")])
+    store.list_cases()  # this thread has a reader
+    store.close()
+    sqlite = hasattr(store, "_readers")
+    opens: list[Any] = [(lambda: store.reader), (lambda: store.writer)] if sqlite else \
+        [store._writer_conn]
+    for open_one in opens:
+        with pytest.raises(StorageError) as caught:
+            open_one()
+        assert caught.value.reason == "store_unavailable"
+    if sqlite:
+        assert store._readers == [] and store._writer is None
+    else:
+        assert store._writer is None

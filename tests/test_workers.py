@@ -280,5 +280,7 @@ async def test_run_local_lets_other_tasks_run_when_its_job_raises(
             for i in range(20):
                 with pytest.raises(ValueError, match=str(i)):
                     await store.run_local(boom, i)
-            assert turns - start >= 20
+            # A turn per call, give or take the batches' edges (trio may run a batch in
+            # either order); without the schedule point, none.
+            assert turns - start >= 10
             nursery.cancel_scope.cancel()

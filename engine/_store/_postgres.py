@@ -269,6 +269,7 @@ class PostgresStore:
 
     def _writer_conn(self) -> Any:
         if self._writer is None or self._writer.closed:
+            self._gate.refuse_if_closed()
             self._writer = self._psycopg.connect(conninfo(self._psycopg, self.url, True),
                                                  autocommit=True, cursor_factory=self._cursor)
         return self._writer

@@ -206,6 +206,7 @@ class SqliteStore:
                                reason="store_read_only",
                                hint="Run a command that writes with a store you can write.")
         if self._writer is None:
+            self._gate.refuse_if_closed()
             self._writer = self._connect_writer()
             self._writer.create_function("viano_blob_ok", 2, _blob_ok, deterministic=True)
             # The checkpointer runs checkpoints; the writer never does (see _wal).
@@ -216,6 +217,7 @@ class SqliteStore:
     def reader(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
+            self._gate.refuse_if_closed()
             conn = connect_reader(self.db_path, immutable=self._immutable)
             self._local.conn = conn
             self._local.indexed = self._has_rows and attach_for_reading(

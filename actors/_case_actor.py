@@ -164,6 +164,11 @@ class _Dispatch:
             snap, step, work = planned
             try:
                 if isinstance(step, Finish):
+                    if step.durable:
+                        await snap.set_status(CaseStatus(
+                            status=step.status, phase=self.spec.phase,
+                            reason=str(step.reason), round=step.round,
+                            max_rounds=step.max_rounds, attempt_id=self.request.attempt_id))
                     return self._result(snap, step.status, step.reason, step.message,
                                         step.round, step.max_rounds, step.due_at)
                 if isinstance(step, Enter):

@@ -570,6 +570,50 @@ class TestCrashPoints:
         check.close()
 
 
+    async def test_a_call_never_recorded_is_not_paid_for_for_ever(
+            self, tmp_path: Path, server: LoopbackServer) -> None:
+        """A process that dies after the model answered and before the record, every time
+        (a crash loop, an internal error repeated by each retry): each restart paid for
+        the same call again, for ever. After MAX_CALL_STARTS starts the next dispatch
+        calls nobody and ends BLOCKED ``calls_unrecorded``, durably (batch and daemon no
+        longer offer the case); a dispatch by its id after that tries again, from one."""
+        from engine._phases._protocol import MAX_CALL_STARTS
+
+        def provider() -> Any:
+            return [http_provider("p", "openai", server.openai_url)]
+
+        async with services(tmp_path / "s", provider()) as sv:
+            await intake_sample(sv.store)
+        for n in range(1, MAX_CALL_STARTS + 1):
+            with pytest.RaisesGroup(SimulatedCrash, allow_unwrapped=True,
+                                    flatten_subgroups=True):
+                async with services(tmp_path / "s", provider()) as sv:
+                    arm_crash_point("phase.answered")
+                    await dispatch_phase(sv, INTERPRETATION, "BUG-20",
+                                         interpretation_request())
+            assert _calls(server) == n
+        async with services(tmp_path / "s", provider()) as sv:
+            result = await dispatch_phase(sv, INTERPRETATION, "BUG-20",
+                                          interpretation_request())
+            assert (result.status, result.reason, result.round) == (
+                "BLOCKED", "calls_unrecorded", 1), result
+            assert _calls(server) == MAX_CALL_STARTS  # nobody was called
+            ref = await sv.store.case("BUG-20")
+            assert ref.status is not None
+            assert (ref.status.status, ref.status.reason) == ("BLOCKED", "calls_unrecorded")
+            assert [c.case_id for c in sv.store.store.due_cases(1e12, 10)] == []
+            again = await dispatch_phase(sv, INTERPRETATION, "BUG-20",
+                                         interpretation_request())
+            assert (again.status, again.reason) == ("COMPLETED", "awaiting_confirmation")
+            assert _calls(server) == MAX_CALL_STARTS + 1
+        check = open_ro(tmp_path / "s")
+        from engine import PHASE_CHECKS
+
+        report = verify_store(check, checks=PHASE_CHECKS)
+        check.close()
+        assert report.ok, report.violations
+
+
 class TestOperations:
     async def test_confirm_binds_the_current_interpretation(self, tmp_path: Path) -> None:
         """Confirmation binds the interpretation's hash and revision; confirming twice

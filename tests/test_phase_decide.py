@@ -122,6 +122,31 @@ class TestDecide:
         step = decide(crashed, attrs.evolve(REQ, retry=RetryPolicy(max_rounds=10)), NOW)
         assert isinstance(step, RunRound) and step.calls_started == 2
 
+    def test_a_call_started_too_often_unrecorded_blocks_the_round(self) -> None:
+        """MAX_CALL_STARTS starts of one round's call, none recorded: the next dispatch
+        calls nobody and ends BLOCKED ``calls_unrecorded``, to be set durably (the status
+        it is derived from would otherwise say the same for ever). One start fewer still
+        runs; another round's, another attempt's or a BLOCKED status's count does not
+        count."""
+        from engine._phases._protocol import MAX_CALL_STARTS
+
+        req = attrs.evolve(REQ, retry=RetryPolicy(max_rounds=10))
+
+        def started(n: int, **kw: Any) -> PhaseState:
+            status = dict(status="RUNNING", phase="INTERPRETING_CASE", round=1,
+                          attempt_id="default", calls_started=n) | kw
+            return _state(status=CaseStatus(**status))
+
+        step = decide(started(MAX_CALL_STARTS - 1), req, NOW)
+        assert isinstance(step, RunRound) and step.calls_started == MAX_CALL_STARTS
+        step = decide(started(MAX_CALL_STARTS), req, NOW)
+        assert isinstance(step, Finish) and (step.status, step.reason, step.round) == (
+            "BLOCKED", "calls_unrecorded", 1) and step.durable
+        for other in ({"round": 2}, {"attempt_id": "other"}, {"status": "BLOCKED"},
+                      {"phase": "GENERATING_HYPOTHESES"}):
+            step = decide(started(MAX_CALL_STARTS, **other), req, NOW)
+            assert isinstance(step, RunRound) and step.calls_started == 1, other
+
     def test_a_new_attempt_id_after_a_rejection_runs_a_round(self) -> None:
         state = _state(rounds=(_round(1, "answer"),), last_round={"attempt_hash": DEFAULT_HASH},
                        rejected=frozenset({DEFAULT_HASH}))

@@ -41,8 +41,8 @@ from engine import (
 HypothesisResult = DispatchResult
 """The typed result of a build: ``status`` (COMPLETED, RETRY_PENDING, DEFERRED, BLOCKED or
 ERROR), ``reason`` (a stable code: completed, providers_unavailable, rounds_exhausted,
-not_due, locked, stale_generation, invalid_answer, attempt_rejected, policy_changed,
-interpretation_not_confirmed, interpretation_mismatch, missing_observations,
+calls_unrecorded, not_due, locked, stale_generation, invalid_answer, attempt_rejected,
+policy_changed, interpretation_not_confirmed, interpretation_mismatch, missing_observations,
 limit_exceeded, provider_configuration, unsupported_history), ``message``, the case and
 package ids, revision, generation, attempt id, round, max_rounds and due time;
 ``to_json()`` is CONTRACT.md's dispatch result."""

@@ -213,9 +213,18 @@ class Finish:
     round: int | None = None
     max_rounds: int | None = None
     due_at: float | None = None
+    # Set durably before the dispatch ends: a result derived from the durable status
+    # itself, which would otherwise stay as it was (and say the same again for ever).
+    durable: bool = False
 
 
 Step = Enter | RunRound | Judge | Finish
+
+# The starts of one round's model call that may go unrecorded (the process died, was
+# interrupted or failed between the call and its record, each time): then the round stops
+# BLOCKED ``calls_unrecorded`` rather than pay for the same call again at every restart
+# of a crash loop, every retry of an internal error, for ever.
+MAX_CALL_STARTS = 5
 
 
 def decide(state: PhaseState, request: DispatchRequest, now: float) -> Step:
@@ -270,6 +279,14 @@ def decide(state: PhaseState, request: DispatchRequest, now: float) -> Step:
     if s is not None and s.status == "RUNNING" and s.round == next_round and \
             s.attempt_id == request.attempt_id and s.phase == state.phase:
         calls = s.calls_started + 1   # a call of this round was started and never recorded
+        if s.calls_started >= MAX_CALL_STARTS:
+            return Finish(BLOCKED, "calls_unrecorded",
+                          f"round {next_round}'s model call was started {s.calls_started} "
+                          "times and its answer never recorded (the process died, was "
+                          "interrupted or failed after the call each time); stopped so that "
+                          "the call is not paid for again and again. Find the cause in the "
+                          "logs, then dispatch the case again by its id",
+                          round=next_round, max_rounds=max_rounds, durable=True)
     return RunRound(state.series, next_round, request.attempt_id, attempt, calls)
 
 

@@ -104,6 +104,9 @@ NEXT_STEP = {
                              "the due time, or let 'viano batch --wait' or 'viano daemon' "
                              "do it",
     "rounds_exhausted": "check the providers, then 'viano unblock {case}'",
+    "calls_unrecorded": "find why the process stopped after its model calls (its log, its "
+                        "exit status, memory), fix that, then run the same command for "
+                        "{case} again",
     "awaiting_confirmation": "read it ('viano cat {case} <summary.md path>' or 'viano log "
                              "{case}'), then 'viano confirm {case}'",
     "invalid_answer": "see the errors file named above; ask again with a new --attempt-id",

@@ -144,6 +144,15 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def fixture_config(tmp: Path, sample: Path, *, path: Path | None = None) -> Path:
+    """A configuration file in ``tmp`` whose one provider is the fixture provider over
+    the sample's answers (or ``path``)."""
+    cfg = tmp / "c.toml"
+    cfg.write_text(f'[[providers]]\nname = "fx"\nkind = "fixture"\n'
+                   f'path = "{path or sample / "fixtures"}"\n')
+    return cfg
+
+
 PYTHON = sys.executable
 VIANO = [PYTHON, "-c", "from viano_main import run; run()"]  # the console script's code path
 

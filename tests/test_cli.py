@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PYTHON, VIANO, Cli, child_env, run_viano
+from tests.conftest import PYTHON, VIANO, Cli, child_env, fixture_config, run_viano
 from tests.store_helpers import open_ro
 from viano_bug_analysis.cli._commands import COMMANDS
 
@@ -287,9 +287,7 @@ class TestPhaseCommands:
     def test_interpret_confirm_hypothesize_with_the_fixture_provider(
             self, cli: Cli, sample: Path, tmp_path: Path) -> None:
         """The whole path through the CLI, with the contract's exit codes and results."""
-        cfg = tmp_path / "c.toml"
-        cfg.write_text(f'[[providers]]\nname = "fx"\nkind = "fixture"\n'
-                       f'path = "{sample / "fixtures"}"\n')
+        cfg = fixture_config(tmp_path, sample)
         store = tmp_path / "s"
         assert cli("intake", "--store", store, "--report", sample / "report.json", "--attach",
                    f"diagnostics={sample / 'wowdiag.zip'}").code == 0
@@ -322,9 +320,7 @@ class TestPhaseCommands:
 
     def test_dispatch_commands_never_create_a_store(self, cli: Cli, sample: Path,
                                                     tmp_path: Path) -> None:
-        cfg = tmp_path / "c.toml"
-        cfg.write_text(f'[[providers]]\nname = "fx"\nkind = "fixture"\n'
-                       f'path = "{sample / "fixtures"}"\n')
+        cfg = fixture_config(tmp_path, sample)
         for cmd in ("interpret", "hypothesize", "confirm", "unblock"):
             r = cli(cmd, "BUG-20", "--json", "--store", tmp_path / "none", "--config", cfg)
             assert r.code == 2 and r.json["error"]["reason"] == "no_store", (cmd, r.out)  # type: ignore[index]

@@ -13,14 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine import CaseStatus, iso_utc
-from tests.conftest import REPO, VIANO, Cli, child_env, run_viano, snapshot
-
-
-def _fixture_config(tmp: Path, sample: Path, *, path: Path | None = None) -> Path:
-    cfg = tmp / "c.toml"
-    cfg.write_text(f'[[providers]]\nname = "fx"\nkind = "fixture"\n'
-                   f'path = "{path or sample / "fixtures"}"\n')
-    return cfg
+from tests.conftest import REPO, VIANO, Cli, child_env, fixture_config, run_viano, snapshot
 
 
 def _intake(cli: Cli, store: Path, sample: Path, *extra: str) -> None:
@@ -79,7 +72,7 @@ class TestMistakesAreRefused:
         try:
             _intake(cli, tmp_path / "s", sample, "--log-json", fifo)
             r = cli("run", "--store", tmp_path / "s", "--config",
-                    _fixture_config(tmp_path, sample), "--log-json", fifo, "--all")
+                    fixture_config(tmp_path, sample), "--log-json", fifo, "--all")
             assert r.code == 0, r.err
             lines = os.read(reader, 1 << 20).decode().splitlines()
         finally:
@@ -93,7 +86,7 @@ class TestMistakesAreRefused:
         store = tmp_path / "s"
         _intake(cli, store, sample)
         r = cli("run", "--json", "--store", store, "--config",
-                _fixture_config(tmp_path, sample), "--log-json", "/dev/full", "--all")
+                fixture_config(tmp_path, sample), "--log-json", "/dev/full", "--all")
         assert r.code == 0, r.err  # waiting for a person: the same as with a good log
         assert "internal_error" not in r.out + r.err
         assert json.loads(r.out)["results"][0]["reason"] == "awaiting_confirmation"
@@ -129,7 +122,7 @@ class TestMistakesAreRefused:
         link = tmp_path / "events.log"
         os.link(store / "store.sqlite3", link)
         r = cli("run", "--json", "--store", store, "--config",
-                _fixture_config(tmp_path, sample), "--log-json", link, "--all")
+                fixture_config(tmp_path, sample), "--log-json", link, "--all")
         assert r.code == 2, r.out
         assert "hard links" in r.json["error"]["message"], r.out  # type: ignore[index]
         assert snapshot(store) == before
@@ -300,7 +293,7 @@ class TestTheSameQuestionTheSameAnswer:
 
     def test_confirming_twice_reports_the_same_fields_and_who_confirmed(
             self, cli: Cli, sample: Path, tmp_path: Path) -> None:
-        store, cfg = tmp_path / "s", _fixture_config(tmp_path, sample)
+        store, cfg = tmp_path / "s", fixture_config(tmp_path, sample)
         _intake(cli, store, sample)
         assert cli("interpret", "BUG-20", "--store", store, "--config", cfg).code == 0
         first = cli("confirm", "BUG-20", "--by", "alice", "--store", store, "--json").json
@@ -317,7 +310,7 @@ class TestTheSameQuestionTheSameAnswer:
             self, cli: Cli, sample: Path, tmp_path: Path, by: str) -> None:
         """An empty --by was taken as none (the login was recorded), and on a case
         confirmed already a bad one was never checked (exit 0)."""
-        store, cfg = tmp_path / "s", _fixture_config(tmp_path, sample)
+        store, cfg = tmp_path / "s", fixture_config(tmp_path, sample)
         _intake(cli, store, sample)
         assert cli("interpret", "BUG-20", "--store", store, "--config", cfg).code == 0
         for confirmed in (False, True):
@@ -338,7 +331,7 @@ class TestTheSameQuestionTheSameAnswer:
         """``policy:`` names are what the engine records for what a policy did (an
         auto-confirmation); a person's --by with one was recorded as is, so the audit said
         the policy confirmed a case it never confirmed. Refused, nothing written."""
-        store, cfg = tmp_path / "s", _fixture_config(tmp_path, sample)
+        store, cfg = tmp_path / "s", fixture_config(tmp_path, sample)
         _intake(cli, store, sample)
         assert cli("interpret", "BUG-20", "--store", store, "--config", cfg).code == 0
         before = snapshot(store)
@@ -362,7 +355,7 @@ class TestResultsSayWhatHappened:
         empty.mkdir()
         _intake(cli, store, sample)
         r = cli("interpret", "BUG-20", "--store", store, "--config",
-                _fixture_config(tmp_path, sample, path=empty), "--json")
+                fixture_config(tmp_path, sample, path=empty), "--json")
         assert r.code == 13
         doc = r.json
         assert isinstance(doc, dict) and doc["reason"] == "provider_configuration"
@@ -374,7 +367,7 @@ class TestResultsSayWhatHappened:
                                                tmp_path: Path) -> None:
         from engine import SqliteStore
 
-        store, cfg = tmp_path / "s", _fixture_config(tmp_path, sample)
+        store, cfg = tmp_path / "s", fixture_config(tmp_path, sample)
         _intake(cli, store, sample)
         backend = SqliteStore.open(store, write=True)
         try:

@@ -16,6 +16,7 @@ from tests.conftest import (
     VIANO,
     Cli,
     child_env,
+    fixture_config,
     paused_child,
     rest_of,
     strict_json,
@@ -212,9 +213,7 @@ def test_ctrl_c_while_a_models_answer_is_recorded(cli: Cli, sample: Path,
     raised inside the plan threw the answer away, so running the command again called the
     model again; the worker thread it ran on before had held Ctrl-C back until the commit.
     The SIGINT is raised by the plan itself (``round_change`` wrapped): no timing."""
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(f'[[providers]]\nname = "fx"\nkind = "fixture"\n'
-                   f'path = "{sample / "fixtures"}"\n')
+    cfg = fixture_config(tmp_path, sample)
     store = tmp_path / "s"
     assert cli("intake", "--store", store, "--report", sample / "report.json", "--attach",
                f"diagnostics={sample / 'wowdiag.zip'}").code == 0

@@ -602,6 +602,14 @@ class TestCrashPoints:
             assert ref.status is not None
             assert (ref.status.status, ref.status.reason) == ("BLOCKED", "calls_unrecorded")
             assert [c.case_id for c in sv.store.store.due_cases(1e12, 10)] == []
+            from engine import PhaseRefused
+
+            with pytest.raises(PhaseRefused) as info:  # no series is exhausted: it says
+                await case_operation(sv.store, "BUG-20",  # what to run instead
+                                     lambda v: unblock_change(v, INTERPRETATION, "qa"))
+            assert info.value.reason == "not_blocked"
+            assert "calls_unrecorded" in str(info.value.hint)
+            assert "viano interpret" in str(info.value.hint)
             again = await dispatch_phase(sv, INTERPRETATION, "BUG-20",
                                          interpretation_request())
             assert (again.status, again.reason) == ("COMPLETED", "awaiting_confirmation")

@@ -88,9 +88,11 @@ def unblock_change(view: PackageView, spec: PhaseSpec, by: str, *,
     blocked = blocked_series(last if isinstance(last, dict) else None)
     by_limit = not blocked and max_rounds is not None and exhausted_by(max_rounds, rounds)
     if not (blocked or by_limit):
-        raise PhaseRefused(f"case {m.case_id!r} is not blocked in {spec.phase}",
-                           reason="not_blocked",
-                           hint="Only a phase whose rounds are exhausted can be unblocked.")
+        raise PhaseRefused(f"case {m.case_id!r} has no exhausted series of rounds in "
+                           f"{spec.phase}", reason="not_blocked",
+                           hint="Only a phase whose rounds are exhausted can be unblocked. A "
+                                "case BLOCKED calls_unrecorded needs no unblock: run 'viano "
+                                "interpret CASE' or 'viano hypothesize CASE' again.")
     path = f"{base}unblocks/{series + 1:04d}.json"
     doc: dict[str, object] = {
         "format": "viano-unblock/1", "phase": spec.phase,

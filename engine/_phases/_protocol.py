@@ -282,10 +282,10 @@ def decide(state: PhaseState, request: DispatchRequest, now: float) -> Step:
         if s.calls_started >= MAX_CALL_STARTS:
             return Finish(BLOCKED, "calls_unrecorded",
                           f"round {next_round}'s model call was started {s.calls_started} "
-                          "times and its answer never recorded (the process died, was "
-                          "interrupted or failed after the call each time); stopped so that "
-                          "the call is not paid for again and again. Find the cause in the "
-                          "logs, then dispatch the case again by its id",
+                          "times without a recorded answer (each time the process died, was "
+                          "stopped or interrupted, or failed once the call had started); "
+                          "stopped so that the call is not paid for again and again. Find "
+                          "the cause in the logs, then dispatch the case again by its id",
                           round=next_round, max_rounds=max_rounds, durable=True)
     return RunRound(state.series, next_round, request.attempt_id, attempt, calls)
 

@@ -105,8 +105,8 @@ NEXT_STEP = {
                              "do it",
     "rounds_exhausted": "check the providers, then 'viano unblock {case}'",
     "calls_unrecorded": "find why the process stopped after its model calls (its log, its "
-                        "exit status, memory), fix that, then run the same command for "
-                        "{case} again",
+                        "exit status, memory), fix that, then run 'viano interpret {case}' "
+                        "or 'viano hypothesize {case}' (the phase above) again",
     "awaiting_confirmation": "read it ('viano cat {case} <summary.md path>' or 'viano log "
                              "{case}'), then 'viano confirm {case}'",
     "invalid_answer": "see the errors file named above; ask again with a new --attempt-id",

@@ -169,6 +169,54 @@ class TestDuplicatesOverDamage:
         store.close()
 
 
+class TestDamagedBlobsAreNeverServed:
+    """A blob's bytes are checked against its name on every read: whole (``read_blob``,
+    which hashes an inline row's bytes in one call) and as a stream (``open_blob``, which
+    checks at the end), from an inline row and from a blob file, same size or not."""
+
+    @pytest.mark.parametrize("damage", [b"damaged", b"x" * 900])
+    def test_an_inline_row(self, tmp_path: Path, damage: bytes) -> None:
+        root = tmp_path / "s"
+        store = open_rw(root)
+        payload = b"evidence " * 100
+        out = store.commit_batch([create("A-1", payload)])[0]
+        assert isinstance(out, Published)
+        sha = out.manifest.files["inputs/a.bin"].sha256
+        assert store.read_blob(sha) == payload
+        store.close()
+        sql(root, "UPDATE blobs SET data = ? WHERE sha256 = ?", damage, bytes.fromhex(sha))
+        self._refused(open_ro(root), sha)
+
+    @pytest.mark.parametrize("damage", ["same size", "shorter", "longer"])
+    def test_a_blob_file(self, tmp_path: Path, damage: str) -> None:
+        root = tmp_path / "s"
+        store = open_rw(root)
+        payload = os.urandom(300_000)
+        out = store.commit_batch([create("F-1", payload)])[0]
+        assert isinstance(out, Published)
+        sha = out.manifest.files["inputs/a.bin"].sha256
+        assert store.read_blob(sha) == payload
+        path = store.blob_files.path_for(sha)
+        store.close()
+        size = {"same size": len(payload), "shorter": 10, "longer": len(payload) + 1}[damage]
+        path.write_bytes(b"x" * size)
+        self._refused(open_ro(root), sha)
+
+    @staticmethod
+    def _refused(store: object, sha: str) -> None:
+        try:
+            with pytest.raises(StorageError) as whole:
+                store.read_blob(sha)  # type: ignore[attr-defined]
+            assert whole.value.reason == "store_corrupt"
+            with pytest.raises(StorageError) as streamed, \
+                    store.open_blob(sha) as f:  # type: ignore[attr-defined]
+                while f.read(4096):
+                    pass
+            assert streamed.value.reason == "store_corrupt"
+        finally:
+            store.close()  # type: ignore[attr-defined]
+
+
 GC_CHILD = """
 import sys, trio
 from pathlib import Path

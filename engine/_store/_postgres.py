@@ -41,7 +41,7 @@ from .._errors import (
     VianoError,
 )
 from .._ids import SHARD_SQL, Shard, validate_case_id
-from ._blobs import BlobFiles, verified_stream
+from ._blobs import BlobFiles, read_stored, verified_stream
 from ._common import (
     AWAITING_WHERE,
     DUE_WHERE,
@@ -655,16 +655,19 @@ class PostgresStore:
         return stored_size(row[0], sha256), stored_bytes(row[1])
 
     def read_blob(self, sha256: str) -> bytes:
-        with self.open_blob(sha256) as f:
-            return f.read()
+        size, data = self._stored(sha256)
+        return read_stored(sha256, size, data, self._open_file)
+
+    def _open_file(self, sha256: str, size: int) -> BinaryIO:
+        if self._root_problem is not None:
+            raise self._root_problem
+        return self._blob_files.open_regular(sha256, size)
 
     def open_blob(self, sha256: str) -> BinaryIO:
         size, data = self._stored(sha256)
         if data is not None:
-            return verified_stream(io.BytesIO(data), sha256)
-        if self._root_problem is not None:
-            raise self._root_problem
-        return verified_stream(self._blob_files.open_regular(sha256, size), sha256)
+            return verified_stream(io.BytesIO(data), sha256, size)
+        return verified_stream(self._open_file(sha256, size), sha256, size)
 
 
 class _Exclusive:

@@ -37,7 +37,7 @@ from typing import Any, BinaryIO
 from .._errors import NotFound, StorageError, VianoError
 from .._ids import Shard, validate_case_id
 from . import _sqlite_chain as chain
-from ._blobs import BlobFiles, verified_stream
+from ._blobs import BlobFiles, read_stored, verified_stream
 from ._common import (
     AWAITING_WHERE,
     DUE_WHERE,
@@ -614,16 +614,15 @@ class SqliteStore:
     def read_blob(self, sha256: str) -> bytes:
         """The blob's bytes, checked against its name: a damaged blob is ``store_corrupt``,
         never served."""
-        with self.open_blob(sha256) as f:
-            return f.read()
+        return read_stored(sha256, *self._stored(sha256), self._blob_files.open_regular)
 
     def open_blob(self, sha256: str) -> BinaryIO:
         """A stream of the blob that checks the bytes against the name as they are read:
         reading to the end of a damaged blob raises ``store_corrupt`` instead of ending."""
         size, data = self._stored(sha256)
         if data is not None:
-            return verified_stream(io.BytesIO(data), sha256)
-        return verified_stream(self._blob_files.open_regular(sha256, size), sha256)
+            return verified_stream(io.BytesIO(data), sha256, size)
+        return verified_stream(self._blob_files.open_regular(sha256, size), sha256, size)
 
 
 class _Exclusive:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import ssl
 
 import attrs
 import httpx
@@ -256,6 +257,37 @@ class TestShards:
             assert len(shards) == 256 + 4
         assert len({id(ctx) for ctx in made}) == 1  # (given a context, it returns that one)
 
+
+    async def test_a_plain_http_provider_loads_no_ca_bundle(
+            self, monkeypatch: pytest.MonkeyPatch, nursery: trio.Nursery) -> None:
+        """Loading the CA bundle costs 32 ms and 1.9 MiB per gateway (every worker, every
+        command): a provider on plain HTTP (the loopback server here) never needs it, and
+        answers; an ``https`` provider beside it still gets the verifying context."""
+        made: list[object] = []
+        real = httpx.create_ssl_context
+
+        def counted(*args: object, **kwargs: object) -> object:
+            made.append(real(*args, **kwargs))  # type: ignore[arg-type]
+            return made[-1]
+
+        monkeypatch.setattr(httpx, "create_ssl_context", counted)
+        monkeypatch.setattr("httpx._transports.default.create_ssl_context", counted)
+        srv = LoopbackServer()
+        await nursery.start(srv.serve)
+        p = provider("a", "openai", srv.openai_url, max_concurrency=4)
+        async with open_gateway([p], GatewayConfig(), environ=ENV) as gw:
+            outcome = await gw.round(request())
+        assert outcome.status is RoundStatus.ANSWER, dump(outcome)
+        # (httpx calls it for the context it is given too, and returns that one)
+        assert made and not any(ctx.get_ca_certs() for ctx in made)  # type: ignore[attr-defined]
+        q = provider("b", "anthropic", "HTTPS://b.invalid/v1", max_concurrency=4)
+        async with open_gateway([p, q], GatewayConfig(), environ=ENV) as gw:
+            plain, tls = (state.shards[0].transport for state in gw.pool.states)
+        assert len({id(ctx) for ctx in made if ctx.get_ca_certs()}) == 1  # type: ignore[attr-defined]
+        for transport, verifying in ((plain, False), (tls, True)):
+            ctx = transport._pool._ssl_context  # type: ignore[attr-defined]
+            assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
+            assert (len(ctx.get_ca_certs()) > 0) == verifying
 
 class TestCancellation:
     async def test_cancelled_requesters_leak_no_slot(self, nursery: trio.Nursery) -> None:

@@ -637,3 +637,37 @@ def test_a_closed_store_opens_no_connection_again(tmp_path: Path) -> None:
         assert store._readers == [] and store._writer is None
     else:
         assert store._writer is None
+
+
+def test_the_sqlite_writer_is_made_only_under_the_commit_lock(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first commit read ``writer`` before taking the commit lock, so a first commit
+    racing a first ``exclusive()`` (or another commit) on another thread could make two
+    writers, the overwritten one left open after ``close``. Every path that makes it
+    (commit, exclusive, the index rebuild) now holds the lock while it does, and one
+    writer serves them all."""
+    from engine._store._sqlite import SqliteStore
+
+    made: list[bool] = []
+    real = SqliteStore._connect_writer
+
+    def connect(self: SqliteStore) -> Any:
+        made.append(self._commit_lock.locked())
+        return real(self)
+
+    monkeypatch.setattr(SqliteStore, "_connect_writer", connect)
+    for first in ("commit", "exclusive"):
+        store = open_rw(tmp_path / first)
+        if not isinstance(store, SqliteStore):
+            store.close()
+            pytest.skip("PostgreSQL's writer is made under its commit lock already")
+        try:
+            made.clear()
+            if first == "commit":
+                store.commit_batch([create("W-1")])
+            with store.exclusive():
+                pass
+            store.commit_batch([create("W-2")])
+            assert made == [True], first
+        finally:
+            store.close()

@@ -201,6 +201,9 @@ class SqliteStore:
 
     @property
     def writer(self) -> sqlite3.Connection:
+        """The one writing connection, made on first use. Only ever read under
+        ``_commit_lock``: two first commits (or a commit and an ``exclusive``) on two
+        threads made two writers, and the one overwritten stayed open after ``close``."""
         if not self._writable:
             raise StorageError(f"the store at {self.root} is open read-only",
                                reason="store_read_only",
@@ -287,8 +290,8 @@ class SqliteStore:
 
     def _transaction(self, requests: Sequence[Request], refused: list[VianoError | None],
                      inline: dict[str, bytes], large: Large) -> BatchRows:
-        conn = self.writer
         with self._commit_lock, translate("commit a batch", write=True):
+            conn = self.writer
             conn.execute("BEGIN IMMEDIATE")
             try:
                 recheck_files(self._blob_files, large, refused)

@@ -23,6 +23,7 @@ from actors import open_store
 from engine import IntakeLimits, prepare_intake
 from tests.batch_helpers import write_generic_answers
 from tests.conftest import PYTHON, REPO, VIANO, child_env, run_viano
+from tests.loopback import dead_port
 from tests.loopback.process import Provider
 from tests.store_helpers import open_ro
 
@@ -320,6 +321,65 @@ class TestBatch:
         unknown = run_viano("run", "--store", store, "NOPE", env=env)
         assert unknown.returncode == 2 and "unknown_case" in unknown.stderr
 
+
+class TestWhatToDoNext:
+    """A multi-case command's summary says what to do about the results that need a
+    person, as `viano interpret` does for one case: per reason code, its cases and the
+    step. It said only the counts ("BLOCKED 2000")."""
+
+    async def test_cases_awaiting_a_person_are_named_with_the_step(
+            self, tmp_path: Path, answers: Path) -> None:
+        provider = Provider(tmp_path, answers)
+        try:
+            store = tmp_path / "s"
+            await _intake(store, tmp_path, ["R-1", "R-2"])
+            env = _env(_config(tmp_path, provider.port, auto_confirm=False))
+            both = run_viano("run", "--store", store, "R-1", "R-2", env=env)
+            one = run_viano("run", "--store", store, "R-2", env=env)
+        finally:
+            provider.stop()
+        assert both.returncode == 0 and one.returncode == 0, both.stderr + one.stderr
+        assert ("what to do about awaiting_confirmation (2 case(s): R-1, R-2): read it "
+                "('viano cat <case> <summary.md path>' or 'viano log <case>'), then "
+                "'viano confirm <case>'") in both.stdout
+        assert ("what to do about awaiting_confirmation (1 case(s): R-2): read it ('viano "
+                "cat R-2 <summary.md path>'") in one.stdout
+
+    async def test_an_unreachable_provider(self, tmp_path: Path) -> None:
+        """Every case pending on a provider that refuses connections: one line for the
+        reason, and no line for a reason that needs nothing (the JSON is unchanged)."""
+        store = tmp_path / "s"
+        await _intake(store, tmp_path, ["U-1", "U-2", "U-3"])
+        env = _env(_config(tmp_path, dead_port()))
+        r = run_viano("batch", "--store", store, "--all", env=env)
+        assert r.returncode == 10, r.stderr
+        steps = [line for line in r.stdout.splitlines() if line.startswith("what to do")]
+        assert steps == ["what to do about providers_unavailable (3 case(s): U-1, U-2, "
+                         "U-3): nothing to fix if the outage is temporary: run again after "
+                         "the due time, or let 'viano batch --wait' or 'viano daemon' do "
+                         "it"], r.stdout
+        doc = json.loads(run_viano("batch", "--store", store, "--all", "--json",
+                                   env=env).stdout)
+        assert set(doc) == {"summary", "results"}
+
+    async def test_the_daemon_says_it_under_its_result_line(
+            self, tmp_path: Path, answers: Path) -> None:
+        provider = Provider(tmp_path, answers)
+        try:
+            store = tmp_path / "s"
+            await _intake(store, tmp_path, ["W-1"])
+            env = _env(_config(tmp_path, provider.port, auto_confirm=False))
+            daemon = _Process("daemon", "--store", store, "--poll-s", "0.2", env=env)
+            daemon.until(lambda seen: any(x.startswith("  what to do") for x in seen))
+            daemon.proc.send_signal(signal.SIGTERM)
+            rc, err = daemon.finish(timeout=30)
+        finally:
+            provider.stop()
+        assert rc == 0, err
+        at = next(i for i, x in enumerate(daemon.seen) if x.startswith("W-1 COMPLETED"))
+        assert daemon.seen[at + 1] == (
+            "  what to do: read it ('viano cat W-1 <summary.md path>' or 'viano log W-1'), "
+            "then 'viano confirm W-1'")
 
 class TestTheReaderGoesAway:
     """``viano batch | head -1``: the lines were a report of the work, not the work. It

@@ -16,7 +16,7 @@ from typing import Any
 import trio
 
 from actors import CaseResult, Engine, log_event, worst_exit
-from engine import EXIT_INTERRUPTED, Config, Shard, VianoError
+from engine import EXIT_INTERRUPTED, RETRY_PENDING, Config, Shard, VianoError
 
 from .._engine import open_engine
 from ._batch_common import (
@@ -32,6 +32,7 @@ from ._batch_common import (
 )
 from ._batch_workers import WorkerTally, run_workers, share_of_config
 from ._context import store_location, store_shown
+from ._next_steps import next_step
 from ._output import Output
 from ._phase_commands import require_providers
 
@@ -230,6 +231,9 @@ async def _report_results(engine: Engine, out: Output, counts: Counter[str]) -> 
         if not out.as_json and r.status != "DEFERRED":
             out.line(f"{r.case_id} {r.status} {r.reason} (phase {r.phase}, generation "
                      f"{r.package_generation})")
+            hint = None if r.status == RETRY_PENDING else next_step(r.reason, r.case_id)
+            if hint:  # the daemon retries what is pending itself; the rest needs a person
+                out.line(f"  what to do: {hint}")
         if trio.current_time() - last >= PROVIDERS_EVERY_S:
             last = trio.current_time()
             log_event(_providers_event(engine) | await _case_counts(engine))

@@ -20,6 +20,7 @@ import trio
 from actors import CaseResult, Engine
 from engine import UsageError
 
+from ._next_steps import next_step
 from ._output import Output
 
 
@@ -105,6 +106,8 @@ def print_summary(out: Output, summary: dict[str, Any], results: list[CaseResult
             f" and {len(stopped) - SHOWN_STOPPED} more" if len(stopped) > SHOWN_STOPPED else "")
         out.line(f"{len(stopped)} case(s) stopped before a result, their committed state "
                  f"kept: {shown}")
+    for line in next_steps(results):
+        out.line(line)
     out.line(f"{summary['cases']} cases: {counts}; {summary['seconds']}s; "
              f"{summary['store']['publications_per_transaction']} publications per "
              "transaction" + (" (interrupted: run the same command to resume)"
@@ -112,6 +115,25 @@ def print_summary(out: Output, summary: dict[str, Any], results: list[CaseResult
 
 
 SHOWN_STOPPED = 20  # case ids named on the line of cases stopped before a result
+
+
+def next_steps(results: list[CaseResult]) -> list[str]:
+    """What to do about the results that need a person, one line per reason code: its
+    cases (the first SHOWN_STOPPED named) and the step that ``viano interpret`` prints
+    for one of them. A batch of 2,000 whose providers failed said only "BLOCKED 2000"."""
+    cases: dict[str, list[str]] = {}
+    for r in results:
+        cases.setdefault(str(r.result.reason), []).append(r.case_id)
+    lines = []
+    for reason, unordered in sorted(cases.items()):
+        ids = sorted(unordered)
+        hint = next_step(reason, ids[0] if len(ids) == 1 else "<case>")
+        if hint is None:
+            continue
+        shown = ", ".join(ids[:SHOWN_STOPPED]) + (
+            f" and {len(ids) - SHOWN_STOPPED} more" if len(ids) > SHOWN_STOPPED else "")
+        lines.append(f"what to do about {reason} ({len(ids)} case(s): {shown}): {hint}")
+    return lines
 
 
 @contextmanager

@@ -44,6 +44,7 @@ from engine import (
 )
 
 from ._context import one_change, store_location
+from ._next_steps import next_step
 from ._output import Output
 
 
@@ -89,30 +90,9 @@ def print_result(out: Output, result: DispatchResult) -> None:
     out.line(f"  phase {result.phase}, revision {result.analysis_revision}, generation "
              f"{result.package_generation}, attempt {result.attempt_id}"
              + (f", {', '.join(extra)}" if extra else ""))
-    hint = NEXT_STEP.get(str(result.reason))
+    hint = next_step(result.reason, result.case_id)
     if hint:
-        out.line(f"  what to do: {hint.format(case=result.case_id)}")
-
-
-# What a person does next after a result that is not the end of the road.
-NEXT_STEP = {
-    "locked": "another dispatch holds {case}; run the same command again once it is done",
-    "stale_generation": "another writer moved {case} meanwhile; run the same command again",
-    "not_due": "run it again after the due time, or let 'viano batch --wait' or "
-               "'viano daemon' do it",
-    "providers_unavailable": "nothing to fix if the outage is temporary: run again after "
-                             "the due time, or let 'viano batch --wait' or 'viano daemon' "
-                             "do it",
-    "rounds_exhausted": "check the providers, then 'viano unblock {case}'",
-    "calls_unrecorded": "find why the process stopped after its model calls (its log, its "
-                        "exit status, memory), fix that, then run 'viano interpret {case}' "
-                        "or 'viano hypothesize {case}' (the phase above) again",
-    "awaiting_confirmation": "read it ('viano cat {case} <summary.md path>' or 'viano log "
-                             "{case}'), then 'viano confirm {case}'",
-    "invalid_answer": "see the errors file named above; ask again with a new --attempt-id",
-    "provider_configuration": "fix the provider configuration (keys, base_url, model); "
-                              "then run the same command again",
-}
+        out.line(f"  what to do: {hint}")
 
 
 def cmd_interpret(args: argparse.Namespace, out: Output, config: Config) -> int:

@@ -47,6 +47,12 @@ CASES = {
     "envelope_deep": (INV, {"bad_envelope"}, RoundStatus.INVALID_ANSWER, 1),
     "envelope_duplicate": (INV, {"bad_envelope"}, RoundStatus.INVALID_ANSWER, 1),
     "envelope_nan": (INV, {"bad_envelope"}, RoundStatus.INVALID_ANSWER, 1),
+    # A 2xx other than 200 is an answer when it carries one; without one (a queue's 202, a
+    # proxy's 204) the endpoint is not the API: configuration, so the next provider is
+    # asked. Both were invalid answers, which end the round with no failover.
+    "201": (None, {"ok"}, RoundStatus.ANSWER, 1),
+    "202": (C, {"http_202"}, RoundStatus.CONFIGURATION, 1),
+    "204": (C, {"http_204"}, RoundStatus.CONFIGURATION, 1),
 }
 
 

@@ -120,6 +120,11 @@ async def http_attempt(transport: httpx.AsyncBaseTransport, call: HttpCall,
     try:
         content = extract_content(ctx.provider.kind, body)
     except EnvelopeError as exc:
+        if status != 200:  # a 202 or 204 carries no answer: that endpoint is not the API
+            return AttemptResult(make_record(
+                ctx, call, started, started_at, status=status, headers=headers, body=body,
+                failure=FailureClass.CONFIGURATION, detail=f"http_{status}",
+                error=f"HTTP {status} without an answer ({exc})"))
         return invalid("bad_envelope", str(exc))
     return _check_content(ctx, content, lambda masked, parsed: AttemptResult(make_record(
         ctx, call, started, started_at, status=status, headers=headers, body=body,

@@ -37,7 +37,7 @@ MODES = ("ok", "close", "hang", "drip", "500", "502", "503", "429", "429-long", 
          "403", "404", "400", "malformed", "truncated", "oversized", "empty", "fenced", "prose",
          "extra_keys", "list", "redirect", "echo_path", "header_echo", "401_json", "401_u",
          "401_url", "401_html", "401_straddle", "oversized_echo", "deep", "duplicate_keys",
-         "envelope_deep", "envelope_duplicate", "envelope_nan", "held")
+         "envelope_deep", "envelope_duplicate", "envelope_nan", "held", "201", "202", "204")
 ECHO_MODES = ("401", "redirect", "echo_path", "header_echo", "401_json", "401_u", "401_url",
               "401_html", "401_straddle", "oversized_echo")
 AUDIT_CUT = 64 * 1024
@@ -197,6 +197,13 @@ class LoopbackServer:
         if mode == "malformed":
             await _send_raw(conn, stream, 200, b'{"choices": [ {"message": ')
             return True
+        if mode == "202":  # accepted for later: a queue's answer, not a model's
+            await _send(conn, stream, 202, {"id": "job-1", "status": "queued"})
+            return True
+        if mode == "204":  # no content at all
+            data = conn.send(h11.Response(status_code=204, headers=[])) or b""
+            await stream.send_all(data + (conn.send(h11.EndOfMessage()) or b""))
+            return True
         if mode.startswith("envelope_"):
             good = _envelope(anthropic, self._content("ok", received.prompt_id))
             await _send_raw(conn, stream, 200, _bad_envelope(mode, anthropic, good))
@@ -218,7 +225,7 @@ class LoopbackServer:
                 await trio.sleep(self.drip_interval_s)
             await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
             return True
-        await _send_raw(conn, stream, 200, body)
+        await _send_raw(conn, stream, 201 if mode == "201" else 200, body)
         return True
 
     async def _echo(self, conn: h11.Connection, stream: trio.SocketStream, mode: str,

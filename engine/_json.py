@@ -66,6 +66,13 @@ def _float(text: str) -> float:
     return value
 
 
+# One decoder for every call (json.loads builds a new one per call when given hooks: 0.8%
+# of the engine's CPU under py-spy). Its only state between calls is the C scanner's key
+# memo, which interns keys and is cleared after each document.
+_DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant,
+                            parse_int=_int, parse_float=_float)
+
+
 def loads_untrusted(data: bytes | bytearray | memoryview | str, *,
                     max_depth: int = MAX_DEPTH) -> Any:
     """Parse one JSON document strictly (see the module docstring)."""
@@ -79,8 +86,7 @@ def loads_untrusted(data: bytes | bytearray | memoryview | str, *,
     else:
         text = data
     try:
-        value = json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant,
-                           parse_int=_int, parse_float=_float)
+        value = _DECODER.decode(text)
     except UntrustedJson:
         raise
     except RecursionError as exc:

@@ -14,9 +14,11 @@ from the checkpointed answer and the pinned policy, so a batch that does not sta
 
 from __future__ import annotations
 
+import functools
 import string
 import unicodedata
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import attrs
@@ -65,10 +67,14 @@ def hypothesis_policy(policy: HypothesisPolicy) -> dict[str, Any]:
             "limits": attrs.asdict(policy.limits)}
 
 
-def artifact_paths(revision: int) -> dict[str, str]:
+@functools.lru_cache(maxsize=1024)
+def artifact_paths(revision: int) -> Mapping[str, str]:
+    """The phase's artifact paths for a revision (remembered, read-only)."""
     base = phase_dir(KEY, revision)
-    return {"hypotheses": f"{base}hypotheses.json", "registry": f"{base}registry.json",
-            "summary": f"{base}hypotheses.md", "policy": f"{base}policy.json"}
+    return MappingProxyType({"hypotheses": f"{base}hypotheses.json",
+                             "registry": f"{base}registry.json",
+                             "summary": f"{base}hypotheses.md",
+                             "policy": f"{base}policy.json"})
 
 
 _ASCII_PUNCTUATION = frozenset(string.punctuation)  # Unicode calls some of these symbols

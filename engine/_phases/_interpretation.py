@@ -12,7 +12,9 @@ Hypothesis Builder and ``viano verify`` both use it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import attrs
@@ -63,10 +65,14 @@ def interpretation_policy(policy: InterpretationPolicy) -> dict[str, Any]:
     return {"limits": attrs.asdict(policy.limits)}
 
 
-def artifact_paths(revision: int) -> dict[str, str]:
+@functools.lru_cache(maxsize=1024)
+def artifact_paths(revision: int) -> Mapping[str, str]:
+    """The phase's artifact paths for a revision (remembered, read-only: asked for at
+    every step and in every audit)."""
     base = phase_dir(KEY, revision)
-    return {"interpretation": f"{base}interpretation.json", "summary": f"{base}summary.md",
-            "confirmation": f"{base}confirmation.json"}
+    return MappingProxyType({"interpretation": f"{base}interpretation.json",
+                             "summary": f"{base}summary.md",
+                             "confirmation": f"{base}confirmation.json"})
 
 
 @attrs.frozen

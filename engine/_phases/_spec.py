@@ -3,7 +3,9 @@ answers become: a :class:`Problem` per broken rule, or the :class:`Accepted` art
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import attrs
@@ -98,9 +100,15 @@ def policy_bytes(spec: PhaseSpec, revision: int, policy: Mapping[str, Any]) -> b
                           "analysis_revision": revision, "policy": dict(policy)})
 
 
-def paths(spec: PhaseSpec, revision: int) -> dict[str, str]:
-    base = phase_dir(spec.key, revision)
-    return {"policy": f"{base}policy.json", "context": f"{base}context.json"}
+def paths(spec: PhaseSpec, revision: int) -> Mapping[str, str]:
+    return _paths(spec.key, revision)
+
+
+@functools.lru_cache(maxsize=1024)
+def _paths(key: str, revision: int) -> Mapping[str, str]:
+    base = phase_dir(key, revision)
+    return MappingProxyType({"policy": f"{base}policy.json",
+                             "context": f"{base}context.json"})
 
 
 def strict_attrs(cls: type[Any], value: Any) -> Any:

@@ -86,6 +86,9 @@ def loads_untrusted(data: bytes | bytearray | memoryview | str, *,
     else:
         text = data
     try:
+        if text.startswith("\ufeff"):  # what json.loads says before it decodes
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)",
+                                       text, 0)
         value = _DECODER.decode(text)
     except UntrustedJson:
         raise

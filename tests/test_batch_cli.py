@@ -340,10 +340,38 @@ class TestWhatToDoNext:
             provider.stop()
         assert both.returncode == 0 and one.returncode == 0, both.stderr + one.stderr
         assert ("what to do about awaiting_confirmation (2 case(s): R-1, R-2): read it "
-                "('viano cat <case> <summary.md path>' or 'viano log <case>'), then "
-                "'viano confirm <case>'") in both.stdout
+                "('viano report <case>'), then 'viano confirm <case>'") in both.stdout
         assert ("what to do about awaiting_confirmation (1 case(s): R-2): read it ('viano "
-                "cat R-2 <summary.md path>'") in one.stdout
+                "report R-2'), then 'viano confirm R-2'") in one.stdout
+        # ... and the steps it names work as written.
+        assert run_viano("report", "--store", store, "R-2", env=env).returncode == 0
+        confirmed = run_viano("confirm", "--store", store, "R-2", env=env)
+        assert confirmed.returncode == 0, confirmed.stderr
+
+    async def test_a_misconfigured_provider_names_the_command_that_takes_it_up(
+            self, tmp_path: Path, answers: Path) -> None:
+        """An ERROR case: the step names `viano batch <case>`, because `--all` (and the
+        daemon) never take an ERROR case up again; and that command does."""
+        store = tmp_path / "s"
+        await _intake(store, tmp_path, ["P-1"])
+        bad = Provider(tmp_path, answers, mode="401")
+        try:
+            env = _env(_config(tmp_path, bad.port))
+            first = run_viano("batch", "--store", store, "--all", env=env)
+        finally:
+            bad.stop()
+        assert first.returncode == 13, first.stderr
+        assert ("what to do about provider_configuration (1 case(s): P-1): fix the provider "
+                "configuration (keys, base_url, model), then 'viano batch P-1'") in first.stdout
+        good = Provider(tmp_path, answers)
+        try:
+            env = _env(_config(tmp_path, good.port))
+            again_all = run_viano("batch", "--store", store, "--all", "--json", env=env)
+            by_id = run_viano("batch", "--store", store, "P-1", "--json", env=env)
+        finally:
+            good.stop()
+        assert json.loads(again_all.stdout)["results"] == []
+        assert [r["status"] for r in json.loads(by_id.stdout)["results"]] == ["COMPLETED"]
 
     async def test_an_unreachable_provider(self, tmp_path: Path) -> None:
         """Every case pending on a provider that refuses connections: one line for the
@@ -378,8 +406,7 @@ class TestWhatToDoNext:
         assert rc == 0, err
         at = next(i for i, x in enumerate(daemon.seen) if x.startswith("W-1 COMPLETED"))
         assert daemon.seen[at + 1] == (
-            "  what to do: read it ('viano cat W-1 <summary.md path>' or 'viano log W-1'), "
-            "then 'viano confirm W-1'")
+            "  what to do: read it ('viano report W-1'), then 'viano confirm W-1'")
 
 class TestTheReaderGoesAway:
     """``viano batch | head -1``: the lines were a report of the work, not the work. It

@@ -120,7 +120,8 @@ async def http_attempt(transport: httpx.AsyncBaseTransport, call: HttpCall,
     try:
         content = extract_content(ctx.provider.kind, body)
     except EnvelopeError as exc:
-        if status != 200:  # a 202 or 204 carries no answer: that endpoint is not the API
+        if status != 200:  # a 2xx that is not the API's answer (a queue's 202, a proxy's
+            # 204, a 206 of part of one): that endpoint is not the API, so the next one
             return AttemptResult(make_record(
                 ctx, call, started, started_at, status=status, headers=headers, body=body,
                 failure=FailureClass.CONFIGURATION, detail=f"http_{status}",

@@ -3,9 +3,12 @@ never by message text (messages change between versions and providers).
 
     unavailable             connection refused/reset, timeouts, 408, 429, 5xx:
                             retried with backoff, then the next provider
-    provider_configuration  400, 401, 403, 404, 422 (and a missing API key):
+    provider_configuration  400, 401, 403, 404, 422, other 4xx, 1xx/3xx, a 2xx other than
+                            200 whose body is not the API's envelope (a queue's 202, a
+                            proxy's 204), and a missing API key:
                             the next provider at once, no retry
-    invalid_answer          a 200 whose content is not the contracted JSON:
+    invalid_answer          a 200 whose envelope or content is not the contracted JSON,
+                            or another 2xx envelope whose content is not:
                             recorded, no failover; the phase decides
 """
 

@@ -42,7 +42,8 @@ class HttpCall:
 
 
 class EnvelopeError(ValueError):
-    """A 200 whose envelope does not carry an answer where the wire format puts it."""
+    """A 2xx whose envelope does not carry an answer where the wire format puts it (on a
+    200 an invalid answer; on another 2xx the endpoint is not the API: configuration)."""
 
 
 def endpoint(base_url: str, path: str) -> str:

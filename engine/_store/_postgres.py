@@ -666,7 +666,7 @@ class PostgresStore:
     def open_blob(self, sha256: str) -> BinaryIO:
         size, data = self._stored(sha256)
         if data is not None:
-            return verified_stream(io.BytesIO(data), sha256, size)
+            return verified_stream(io.BytesIO(data), sha256, len(data))
         return verified_stream(self._open_file(sha256, size), sha256, size)
 
 

@@ -624,7 +624,7 @@ class SqliteStore:
         reading to the end of a damaged blob raises ``store_corrupt`` instead of ending."""
         size, data = self._stored(sha256)
         if data is not None:
-            return verified_stream(io.BytesIO(data), sha256, size)
+            return verified_stream(io.BytesIO(data), sha256, len(data))
         return verified_stream(self._blob_files.open_regular(sha256, size), sha256, size)
 
 

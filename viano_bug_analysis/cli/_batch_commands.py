@@ -231,7 +231,8 @@ async def _report_results(engine: Engine, out: Output, counts: Counter[str]) -> 
         if not out.as_json and r.status != "DEFERRED":
             out.line(f"{r.case_id} {r.status} {r.reason} (phase {r.phase}, generation "
                      f"{r.package_generation})")
-            hint = None if r.status == RETRY_PENDING else next_step(r.reason, r.case_id)
+            hint = None if r.status == RETRY_PENDING else next_step(r.reason, r.case_id,
+                                                                      many=True)
             if hint:  # the daemon retries what is pending itself; the rest needs a person
                 out.line(f"  what to do: {hint}")
         if trio.current_time() - last >= PROVIDERS_EVERY_S:

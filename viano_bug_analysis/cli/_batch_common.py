@@ -127,7 +127,7 @@ def next_steps(results: list[CaseResult]) -> list[str]:
     lines = []
     for reason, unordered in sorted(cases.items()):
         ids = sorted(unordered)
-        hint = next_step(reason, ids[0] if len(ids) == 1 else "<case>")
+        hint = next_step(reason, ids[0] if len(ids) == 1 else "<case>", many=True)
         if hint is None:
             continue
         shown = ", ".join(ids[:SHOWN_STOPPED]) + (

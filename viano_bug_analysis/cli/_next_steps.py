@@ -23,8 +23,25 @@ _NEXT_STEP = {
                               "then run the same command again",
 }
 
+# The same for the lines of many cases (batch, run, daemon), which show neither the phase,
+# nor the files named in a single result's message, and which have no --attempt-id; and
+# whose '--all' never takes an ERROR case up again (only its id does).
+_MANY_NEXT_STEP = _NEXT_STEP | {
+    "provider_configuration": "fix the provider configuration (keys, base_url, model), "
+                              "then 'viano batch {case}' (by id: 'viano batch --all' and "
+                              "the daemon do not take an ERROR case up again)",
+    "invalid_answer": "read why ('viano log {case}' names the errors file), then ask again "
+                      "with a new attempt: 'viano interpret {case} --attempt-id NEW' or "
+                      "'viano hypothesize {case} --attempt-id NEW', for its phase",
+    "calls_unrecorded": "find why the process stopped after its model calls (its log, its "
+                        "exit status, memory), fix that, then 'viano interpret {case}' or "
+                        "'viano hypothesize {case}', for its phase ('viano status')",
+    "awaiting_confirmation": "read it ('viano report {case}'), then 'viano confirm {case}'",
+}
 
-def next_step(reason: object, case: str) -> str | None:
-    """The next step for ``reason`` (None when a result needs none), naming ``case``."""
-    hint = _NEXT_STEP.get(str(reason))
+
+def next_step(reason: object, case: str, *, many: bool = False) -> str | None:
+    """The next step for ``reason`` (None when a result needs none), naming ``case``;
+    ``many``: as said on the lines of a command over many cases."""
+    hint = (_MANY_NEXT_STEP if many else _NEXT_STEP).get(str(reason))
     return None if hint is None else hint.format(case=case)

@@ -21,6 +21,14 @@ _NEXT_STEP = {
     "invalid_answer": "see the errors file named above; ask again with a new --attempt-id",
     "provider_configuration": "fix the provider configuration (keys, base_url, model); "
                               "then run the same command again",
+    "attempt_rejected": "this attempt was rejected under these inputs and is never asked "
+                        "again; ask anew with a new --attempt-id",
+    "policy_changed": "restore the configuration this revision pinned, or 'viano reopen "
+                      "{case}' to start a revision that pins the new one",
+    "interpretation_not_confirmed": "read it ('viano report {case}'), then 'viano confirm "
+                                    "{case}'",
+    "unsupported_history": "nothing was changed; 'viano verify' names what this version "
+                           "did not write",
 }
 
 # The same for the lines of many cases (batch, run, daemon), which show neither the phase,
@@ -37,6 +45,9 @@ _MANY_NEXT_STEP = _NEXT_STEP | {
                         "exit status, memory), fix that, then 'viano interpret {case}' or "
                         "'viano hypothesize {case}', for its phase ('viano status')",
     "awaiting_confirmation": "read it ('viano report {case}'), then 'viano confirm {case}'",
+    "attempt_rejected": "this attempt was rejected under these inputs and is never asked "
+                        "again; ask anew: 'viano interpret {case} --attempt-id NEW' or "
+                        "'viano hypothesize {case} --attempt-id NEW', for its phase",
 }
 
 

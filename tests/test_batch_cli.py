@@ -373,6 +373,26 @@ class TestWhatToDoNext:
         assert json.loads(again_all.stdout)["results"] == []
         assert [r["status"] for r in json.loads(by_id.stdout)["results"]] == ["COMPLETED"]
 
+    async def test_hypotheses_before_an_interpretation_say_the_way_there(
+            self, tmp_path: Path, answers: Path) -> None:
+        """`viano hypothesize` right after intake: the step names interpret, report and
+        confirm, and following it to the letter ends with the hypotheses built."""
+        provider = Provider(tmp_path, answers)
+        try:
+            store = tmp_path / "s"
+            await _intake(store, tmp_path, ["H-1"])
+            env = _env(_config(tmp_path, provider.port, auto_confirm=False))
+            early = run_viano("hypothesize", "--store", store, "H-1", env=env)
+            assert early.returncode == 13, early.stderr
+            assert ("what to do: without an interpretation yet, 'viano interpret H-1' first; "
+                    "then read it ('viano report H-1') and 'viano confirm H-1'") in early.stdout
+            for step in (["interpret"], ["report"], ["confirm"], ["hypothesize"]):
+                r = run_viano(*step, "--store", store, "H-1", env=env)
+                assert r.returncode == 0, (step, r.stdout, r.stderr)
+        finally:
+            provider.stop()
+        assert "H-1: COMPLETED" in r.stdout, r.stdout
+
     async def test_an_unreachable_provider(self, tmp_path: Path) -> None:
         """Every case pending on a provider that refuses connections: one line for the
         reason, and no line for a reason that needs nothing (the JSON is unchanged)."""

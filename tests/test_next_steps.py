@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 
 import pytest
 
@@ -32,8 +33,15 @@ def test_a_hint_names_real_commands_with_their_own_options(reason: str, many: bo
     for command, rest in named:
         assert command in commands, (reason, command)
         options = {o for a in commands[command]._actions for o in a.option_strings}
-        for option in re.findall(r"(--[a-z-]+)", rest):
+        for option in re.findall(r"(--[a-z-]+)(?![a-z0-9-])", rest):
             assert option in options, (reason, command, option)
+    for quoted in re.findall(r"'(viano [^']*)'", hint):  # each parses, arguments and all
+        argv = shlex.split(quoted.replace("<summary.md path>", "analysis/s.md")
+                           .replace("NEW", "a-2").replace("TEXT", "why"))[1:]
+        try:
+            build_parser().parse_args(argv)
+        except SystemExit:
+            pytest.fail(f"{reason}: {quoted!r} is not a command line viano takes")
     if many:  # the lines of many cases show no phase, no file and no --attempt-id
         for bare in re.findall(r"(--[a-z-]+)", re.sub(r"'viano [^']*'", "", hint)):
             pytest.fail(f"{reason}: {bare} named without the command it belongs to")

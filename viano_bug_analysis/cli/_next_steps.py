@@ -23,11 +23,13 @@ _NEXT_STEP = {
                               "then run the same command again",
     "attempt_rejected": "this attempt was rejected under these inputs and is never asked "
                         "again; ask anew with a new --attempt-id",
-    "policy_changed": "restore the configuration this revision pinned, or 'viano reopen "
-                      "{case}' to start a revision that pins the new one",
-    "interpretation_not_confirmed": "read it ('viano report {case}'), then 'viano confirm "
-                                    "{case}'",
-    "unsupported_history": "nothing was changed; 'viano verify' names what this version "
+    "policy_changed": "restore the configuration this revision pinned and run the same "
+                      "command again, or 'viano reopen {case} --reason TEXT' to start a "
+                      "revision that pins the new one (interpreted and confirmed anew)",
+    "interpretation_not_confirmed": "without an interpretation yet, 'viano interpret {case}' "
+                                    "first; then read it ('viano report {case}') and "
+                                    "'viano confirm {case}'",
+    "unsupported_history": "'viano verify {case}' names what of its history this version "
                            "did not write",
 }
 
@@ -45,6 +47,10 @@ _MANY_NEXT_STEP = _NEXT_STEP | {
                         "exit status, memory), fix that, then 'viano interpret {case}' or "
                         "'viano hypothesize {case}', for its phase ('viano status')",
     "awaiting_confirmation": "read it ('viano report {case}'), then 'viano confirm {case}'",
+    "policy_changed": "restore the configuration this revision pinned, then 'viano batch "
+                      "{case}' (by id, as for any ERROR case); or 'viano reopen {case} "
+                      "--reason TEXT' to start a revision that pins the new one (interpreted "
+                      "and confirmed anew)",
     "attempt_rejected": "this attempt was rejected under these inputs and is never asked "
                         "again; ask anew: 'viano interpret {case} --attempt-id NEW' or "
                         "'viano hypothesize {case} --attempt-id NEW', for its phase",

@@ -393,6 +393,31 @@ class TestWhatToDoNext:
             provider.stop()
         assert "H-1: COMPLETED" in r.stdout, r.stdout
 
+    async def test_a_limit_passed_is_raised_and_the_case_taken_up_by_id(
+            self, tmp_path: Path, answers: Path) -> None:
+        """limit_exceeded: the message under --json names the limit, and once it is
+        raised (nothing was pinned yet), `viano batch <case>` finishes the case."""
+        provider = Provider(tmp_path, answers)
+        try:
+            store = tmp_path / "s"
+            await _intake(store, tmp_path, ["L-1"])
+            cfg = _config(tmp_path, provider.port)
+            good = cfg.read_text()
+            cfg.write_text(good + "\n[interpretation.limits]\nmax_context_bytes = 200\n")
+            env = _env(cfg)
+            first = run_viano("batch", "--store", store, "--all", env=env)
+            assert first.returncode == 13, first.stderr
+            assert ("what to do about limit_exceeded (1 case(s): L-1): raise the limit it "
+                    "passed") in first.stdout
+            shown = json.loads(run_viano("batch", "--store", store, "L-1", "--json",
+                                         env=env).stdout)
+            assert "max_context_bytes=200" in shown["results"][0]["message"]
+            cfg.write_text(good)
+            again = run_viano("batch", "--store", store, "L-1", "--json", env=env)
+        finally:
+            provider.stop()
+        assert [r["status"] for r in json.loads(again.stdout)["results"]] == ["COMPLETED"]
+
     async def test_an_unreachable_provider(self, tmp_path: Path) -> None:
         """Every case pending on a provider that refuses connections: one line for the
         reason, and no line for a reason that needs nothing (the JSON is unchanged)."""

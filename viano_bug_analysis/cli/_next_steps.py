@@ -31,6 +31,12 @@ _NEXT_STEP = {
                                     "'viano confirm {case}'",
     "unsupported_history": "'viano verify {case}' names what of its history this version "
                            "did not write",
+    # Raised in the configuration, a limit the revision has not pinned yet takes effect at
+    # once; one it pinned makes the next run policy_changed, whose step is a reopen.
+    "limit_exceeded": "raise the limit the message names ([interpretation.limits] or "
+                      "[hypotheses.limits]), then run the same command again",
+    "internal_error": "a bug in Viano; what was committed is kept: run the same command "
+                      "again, and if it repeats, report it with this message",
 }
 
 # The same for the lines of many cases (batch, run, daemon), which show neither the phase,
@@ -51,6 +57,13 @@ _MANY_NEXT_STEP = _NEXT_STEP | {
                       "{case}' (by id, as for any ERROR case); or 'viano reopen {case} "
                       "--reason TEXT' to start a revision that pins the new one (interpreted "
                       "and confirmed anew)",
+    "limit_exceeded": "raise the limit it passed in [interpretation.limits] or "
+                      "[hypotheses.limits] ('viano batch {case} --json' prints the message "
+                      "that names it), then 'viano batch {case}' (by id, as for any ERROR "
+                      "case)",
+    "internal_error": "a bug in Viano; what was committed is kept: 'viano batch {case}' "
+                      "again, and if it repeats, report it with the case's log ('viano log "
+                      "{case}')",
     "attempt_rejected": "this attempt was rejected under these inputs and is never asked "
                         "again; ask anew: 'viano interpret {case} --attempt-id NEW' or "
                         "'viano hypothesize {case} --attempt-id NEW', for its phase",

@@ -142,9 +142,8 @@ class GatewayPool:
         """One context for every shard of every ``https`` provider: building one loads
         the CA bundle (32 ms of CPU and 1.9 MiB, measured), and a transport given none
         builds its own. A plain ``http`` provider (a local server, or one behind a trusted
-        network) never uses TLS,
-        so its shards get a context that trusts no certificate: nothing to load, and a TLS
-        connection through it could only fail verification."""
+        network) never uses TLS, so its shards get a context that trusts no certificate:
+        nothing to load, and a TLS connection through it could only fail verification."""
         if urllib.parse.urlsplit(p.base_url).scheme.lower() == "https":
             if self._tls is None:
                 self._tls = httpx.create_ssl_context(trust_env=False)

@@ -241,15 +241,7 @@ class TestShards:
                                                       ) -> None:
         """Building a TLS context loads the CA bundle (~3 ms); a transport built without
         one builds its own, so 256 shards (max_concurrency 4096) took 12 s to start."""
-        made: list[object] = []
-        real = httpx.create_ssl_context
-
-        def counted(*args: object, **kwargs: object) -> object:
-            made.append(real(*args, **kwargs))  # type: ignore[arg-type]
-            return made[-1]
-
-        monkeypatch.setattr(httpx, "create_ssl_context", counted)
-        monkeypatch.setattr("httpx._transports.default.create_ssl_context", counted)
+        made = _tls_contexts_made(monkeypatch)
         p = provider("a", "openai", "https://a.invalid/v1", max_concurrency=4096)
         q = provider("b", "anthropic", "https://b.invalid/v1", max_concurrency=64)
         async with open_gateway([p, q], GatewayConfig(), environ=ENV) as gw:
@@ -257,21 +249,12 @@ class TestShards:
             assert len(shards) == 256 + 4
         assert len({id(ctx) for ctx in made}) == 1  # (given a context, it returns that one)
 
-
     async def test_a_plain_http_provider_loads_no_ca_bundle(
             self, monkeypatch: pytest.MonkeyPatch, nursery: trio.Nursery) -> None:
         """Loading the CA bundle costs 32 ms and 1.9 MiB per gateway (every worker, every
         command): a provider on plain HTTP (the loopback server here) never needs it, and
         answers; an ``https`` provider beside it still gets the verifying context."""
-        made: list[object] = []
-        real = httpx.create_ssl_context
-
-        def counted(*args: object, **kwargs: object) -> object:
-            made.append(real(*args, **kwargs))  # type: ignore[arg-type]
-            return made[-1]
-
-        monkeypatch.setattr(httpx, "create_ssl_context", counted)
-        monkeypatch.setattr("httpx._transports.default.create_ssl_context", counted)
+        made = _tls_contexts_made(monkeypatch)
         srv = LoopbackServer()
         await nursery.start(srv.serve)
         p = provider("a", "openai", srv.openai_url, max_concurrency=4)
@@ -279,15 +262,29 @@ class TestShards:
             outcome = await gw.round(request())
         assert outcome.status is RoundStatus.ANSWER, dump(outcome)
         # (httpx calls it for the context it is given too, and returns that one)
-        assert made and not any(ctx.get_ca_certs() for ctx in made)  # type: ignore[attr-defined]
+        assert made and not any(ctx.get_ca_certs() for ctx in made)
         q = provider("b", "anthropic", "HTTPS://b.invalid/v1", max_concurrency=4)
         async with open_gateway([p, q], GatewayConfig(), environ=ENV) as gw:
             plain, tls = (state.shards[0].transport for state in gw.pool.states)
-        assert len({id(ctx) for ctx in made if ctx.get_ca_certs()}) == 1  # type: ignore[attr-defined]
+        assert len({id(ctx) for ctx in made if ctx.get_ca_certs()}) == 1
         for transport, verifying in ((plain, False), (tls, True)):
             ctx = transport._pool._ssl_context  # type: ignore[attr-defined]
             assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
             assert (len(ctx.get_ca_certs()) > 0) == verifying
+
+def _tls_contexts_made(monkeypatch: pytest.MonkeyPatch) -> list[ssl.SSLContext]:
+    """Every context httpx's create_ssl_context returns from now on (it is called for a
+    context it is given too, and returns that one)."""
+    made: list[ssl.SSLContext] = []
+    real = httpx.create_ssl_context
+
+    def counted(*args: object, **kwargs: object) -> ssl.SSLContext:
+        made.append(real(*args, **kwargs))  # type: ignore[arg-type]
+        return made[-1]
+
+    monkeypatch.setattr(httpx, "create_ssl_context", counted)
+    monkeypatch.setattr("httpx._transports.default.create_ssl_context", counted)
+    return made
 
 class TestCancellation:
     async def test_cancelled_requesters_leak_no_slot(self, nursery: trio.Nursery) -> None:

@@ -131,6 +131,13 @@ class TestInputsThatChange:
         check.close()
 
 
+def _published(store: object, case: str, payload: bytes) -> str:
+    """The sha256 of ``payload``, published as a new case's ``inputs/a.bin``."""
+    out = store.commit_batch([create(case, payload)])[0]  # type: ignore[attr-defined]
+    assert isinstance(out, Published)
+    return out.manifest.files["inputs/a.bin"].sha256
+
+
 class TestDuplicatesOverDamage:
     def test_a_damaged_inline_row_is_healed_by_the_genuine_bytes(self, tmp_path: Path) -> None:
         """If an inline blob's row was damaged, a later publication of the same content
@@ -138,9 +145,7 @@ class TestDuplicatesOverDamage:
         root = tmp_path / "s"
         store = open_rw(root)
         payload = b"evidence " * 100
-        first = store.commit_batch([create("A-1", payload)])[0]
-        assert isinstance(first, Published)
-        sha = first.manifest.files["inputs/a.bin"].sha256
+        sha = _published(store, "A-1", payload)
         store.close()
         sql(root, "UPDATE blobs SET data = CAST('damaged' AS BLOB) WHERE sha256 = ?",
             bytes.fromhex(sha))
@@ -159,9 +164,7 @@ class TestDuplicatesOverDamage:
         root = tmp_path / "s"
         store = open_rw(root)
         payload = os.urandom(300_000)
-        out = store.commit_batch([create("F-1", payload)])[0]
-        assert isinstance(out, Published)
-        path = store.blob_files.path_for(out.manifest.files["inputs/a.bin"].sha256)
+        path = store.blob_files.path_for(_published(store, "F-1", payload))
         path.write_bytes(b"x" * len(payload))
         assert isinstance(store.commit_batch([create("F-2", payload)])[0], Published)
         assert path.read_bytes() == payload
@@ -179,9 +182,7 @@ class TestDamagedBlobsAreNeverServed:
         root = tmp_path / "s"
         store = open_rw(root)
         payload = b"evidence " * 100
-        out = store.commit_batch([create("A-1", payload)])[0]
-        assert isinstance(out, Published)
-        sha = out.manifest.files["inputs/a.bin"].sha256
+        sha = _published(store, "A-1", payload)
         assert store.read_blob(sha) == payload
         store.close()
         sql(root, "UPDATE blobs SET data = ? WHERE sha256 = ?", damage, bytes.fromhex(sha))
@@ -192,9 +193,7 @@ class TestDamagedBlobsAreNeverServed:
         root = tmp_path / "s"
         store = open_rw(root)
         payload = os.urandom(300_000)
-        out = store.commit_batch([create("F-1", payload)])[0]
-        assert isinstance(out, Published)
-        sha = out.manifest.files["inputs/a.bin"].sha256
+        sha = _published(store, "F-1", payload)
         assert store.read_blob(sha) == payload
         path = store.blob_files.path_for(sha)
         store.close()

@@ -102,10 +102,8 @@ def print_summary(out: Output, summary: dict[str, Any], results: list[CaseResult
     counts = ", ".join(f"{k} {v}" for k, v in summary["by_status"].items()) or "no cases"
     stopped = summary["interrupted_cases"]
     if stopped:  # they have no result, so "0 cases" alone said nothing of them
-        shown = ", ".join(stopped[:SHOWN_STOPPED]) + (
-            f" and {len(stopped) - SHOWN_STOPPED} more" if len(stopped) > SHOWN_STOPPED else "")
         out.line(f"{len(stopped)} case(s) stopped before a result, their committed state "
-                 f"kept: {shown}")
+                 f"kept: {_named(stopped)}")
     for line in next_steps(results):
         out.line(line)
     out.line(f"{summary['cases']} cases: {counts}; {summary['seconds']}s; "
@@ -114,7 +112,7 @@ def print_summary(out: Output, summary: dict[str, Any], results: list[CaseResult
                               if summary["interrupted"] else ""))
 
 
-SHOWN_STOPPED = 20  # case ids named on the line of cases stopped before a result
+SHOWN_STOPPED = 20  # case ids named on a line: those stopped before a result, or one step
 
 
 def next_steps(results: list[CaseResult]) -> list[str]:
@@ -130,10 +128,15 @@ def next_steps(results: list[CaseResult]) -> list[str]:
         hint = next_step(reason, ids[0] if len(ids) == 1 else "<case>", many=True)
         if hint is None:
             continue
-        shown = ", ".join(ids[:SHOWN_STOPPED]) + (
-            f" and {len(ids) - SHOWN_STOPPED} more" if len(ids) > SHOWN_STOPPED else "")
-        lines.append(f"what to do about {reason} ({len(ids)} case(s): {shown}): {hint}")
+        lines.append(f"what to do about {reason} ({len(ids)} case(s): {_named(ids)}): "
+                     f"{hint}")
     return lines
+
+
+def _named(ids: list[str]) -> str:
+    """The first SHOWN_STOPPED case ids, and how many more."""
+    more = len(ids) - SHOWN_STOPPED
+    return ", ".join(ids[:SHOWN_STOPPED]) + (f" and {more} more" if more > 0 else "")
 
 
 @contextmanager

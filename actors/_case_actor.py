@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 import attrs
 import trio
@@ -149,6 +149,10 @@ class _Dispatch:
         # What this dispatch's own last step committed (its generation and the status that
         # went with it): the next step's head, without reading it again.
         self._committed: tuple[Snapshot, CaseStatus] | None = None
+        # The store's own error on a read of this step's head (a damaged blob, a store that
+        # cannot be read): the phases see it as a file that cannot be read, a history
+        # problem, but the result names the store's reason, which says what to do.
+        self._store_fault: VianoError | None = None
 
     async def run(self) -> DispatchResult:
         for _ in range(MAX_STEPS):
@@ -208,7 +212,8 @@ class _Dispatch:
                                         "('viano show CASE').")
             snap, status = Snapshot(store, manifest), ref.status
         self._last = snap
-        view = view_of(snap)
+        self._store_fault = None
+        view = view_of(snap, self._fault)
         step = decide(load_state(self.spec, view, status, self.request), self.request, now)
         work: Any = None
         if isinstance(step, Enter):
@@ -271,10 +276,16 @@ class _Dispatch:
         return self._result(after, verdict.result_status, verdict.reason, verdict.message,
                             step.round.round, self.request.retry.max_rounds)
 
+    def _fault(self, exc: VianoError) -> None:
+        if self._store_fault is None:
+            self._store_fault = exc
+
     def _result(self, snap: Snapshot, status: str, reason: str | None, message: str,
                 round_no: int | None = None, max_rounds: int | None = None,
                 due_at: float | None = None) -> DispatchResult:
         m = snap.manifest
+        if reason == "unsupported_history" and self._store_fault is not None:
+            reason = self._store_fault.reason  # store_corrupt, store_unavailable
         result = DispatchResult(m.case_id, m.package_id, self.spec.phase, status, reason,
                                 message, m.analysis_revision, m.package_generation,
                                 self.request.attempt_id, round_no, max_rounds, due_at)
@@ -290,9 +301,30 @@ class _Dispatch:
                        "round": status.round, **extra})
 
 
-def view_of(snap: Snapshot) -> PackageView:
+def view_of(snap: Snapshot, on_fault: Callable[[VianoError], None] | None = None
+            ) -> PackageView:
+    """The snapshot's generation as the phases read it; ``on_fault`` is told of each error
+    the store raises on a read (the view turns it into a :class:`HistoryProblem`)."""
     store = snap.handle.store
-    return PackageView(snap.manifest, store.read_blob, store.open_blob)
+    if on_fault is None:
+        return PackageView(snap.manifest, store.read_blob, store.open_blob)
+    read, open_ = store.read_blob, store.open_blob
+
+    def read_blob(sha256: str) -> bytes:
+        try:
+            return read(sha256)
+        except VianoError as exc:
+            on_fault(exc)
+            raise
+
+    def open_blob(sha256: str) -> BinaryIO:
+        try:
+            return open_(sha256)
+        except VianoError as exc:
+            on_fault(exc)
+            raise
+
+    return PackageView(snap.manifest, read_blob, open_blob)
 
 
 def _emit(services: PhaseServices, result: DispatchResult) -> None:

@@ -418,6 +418,39 @@ class TestWhatToDoNext:
             provider.stop()
         assert [r["status"] for r in json.loads(again.stdout)["results"]] == ["COMPLETED"]
 
+    async def test_a_damaged_blob_is_named_as_the_store_s_damage(
+            self, tmp_path: Path, answers: Path) -> None:
+        """A case whose catalogue blob was overwritten: its result names ``store_corrupt``
+        and the step ``viano verify``, in a batch and in ``viano interpret``; it was
+        ``unsupported_history``, a history this version did not write, which sent the
+        reader to look for another version of Viano. The other case completes."""
+        import sqlite3
+
+        store = tmp_path / "s"
+        await _intake(store, tmp_path, ["D-1", "D-2"])
+        shown = json.loads(run_viano("show", "--store", store, "D-1", "--json").stdout)
+        sha = shown["files"]["case/catalogue.json"]["sha256"]
+        with contextlib.closing(sqlite3.connect(store / "store.sqlite3")) as db, db:
+            damaged = db.execute("UPDATE blob_rows SET data = zeroblob(size) WHERE sha256 = ?",
+                                 (bytes.fromhex(sha),)).rowcount
+        assert damaged == 1
+        provider = Provider(tmp_path, answers)
+        try:
+            env = _env(_config(tmp_path, provider.port))
+            batch = run_viano("batch", "--store", store, "--all", env=env)
+            one = run_viano("interpret", "--store", store, "D-1", env=env)
+        finally:
+            provider.stop()
+        assert batch.returncode == 13, batch.stderr
+        assert "D-1 ERROR store_corrupt" in batch.stdout, batch.stdout
+        assert "D-2 COMPLETED" in batch.stdout, batch.stdout
+        assert ("what to do about store_corrupt (1 case(s): D-1): 'viano verify D-1' names "
+                "what is damaged") in batch.stdout
+        assert one.returncode == 13 and "D-1: ERROR (store_corrupt)" in one.stdout, one.stdout
+        assert "what to do: 'viano verify D-1' names what is damaged" in one.stdout
+        verify = run_viano("verify", "--store", store, "D-1")
+        assert verify.returncode == 1 and "is damaged" in verify.stdout, verify.stdout
+
     async def test_an_unreachable_provider(self, tmp_path: Path) -> None:
         """Every case pending on a provider that refuses connections: one line for the
         reason, and no line for a reason that needs nothing (the JSON is unchanged)."""

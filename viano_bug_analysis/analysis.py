@@ -43,7 +43,8 @@ HypothesisResult = DispatchResult
 ERROR), ``reason`` (a stable code: completed, providers_unavailable, rounds_exhausted,
 calls_unrecorded, not_due, locked, stale_generation, invalid_answer, attempt_rejected,
 policy_changed, interpretation_not_confirmed, interpretation_mismatch, missing_observations,
-limit_exceeded, provider_configuration, unsupported_history), ``message``, the case and
+limit_exceeded, provider_configuration, unsupported_history, store_corrupt,
+store_unavailable), ``message``, the case and
 package ids, revision, generation, attempt id, round, max_rounds and due time;
 ``to_json()`` is CONTRACT.md's dispatch result."""
 

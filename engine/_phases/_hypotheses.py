@@ -184,7 +184,9 @@ class HypothesesSpec:
             return Refusal(ERROR, "missing_observations",
                            "no grounded statement of the interpretation cites a human "
                            "source (report, comment or observation): there is nothing to "
-                           "ground a hypothesis in; add observations and reopen the case")
+                           "ground a hypothesis in; reopen the case to have it interpreted "
+                           "anew, or take the report in again with observations as a new "
+                           "case (a case's originals never change)")
         return None
 
     def context(self, view: PackageView, policy: Mapping[str, Any], revision: int

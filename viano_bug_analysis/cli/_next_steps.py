@@ -37,6 +37,18 @@ _NEXT_STEP = {
                       "[hypotheses.limits]), then run the same command again",
     "internal_error": "a bug in Viano; what was committed is kept: run the same command "
                       "again, and if it repeats, report it with this message",
+    "interpretation_mismatch": "'viano verify {case}' names what no longer matches the "
+                               "case; 'viano reopen {case} --reason TEXT' starts a revision "
+                               "interpreted and confirmed anew",
+    "missing_observations": "read it ('viano report {case}'): 'viano reopen {case} --reason "
+                            "TEXT' has it interpreted anew, or, when the report lacks them, "
+                            "take it in again with the observations as a new case ('viano "
+                            "intake --report FILE --case-id NEW')",
+    # A store's error on reading the case (no result is recorded: the case is as it was).
+    "store_corrupt": "'viano verify {case}' names what is damaged; restore the store from "
+                     "its backup, then run the same command again",
+    "store_unavailable": "the store could not be read (its disk, permissions or database): "
+                         "fix that, then run the same command again",
 }
 
 # The same for the lines of many cases (batch, run, daemon), which show neither the phase,
@@ -67,6 +79,10 @@ _MANY_NEXT_STEP = _NEXT_STEP | {
     "attempt_rejected": "this attempt was rejected under these inputs and is never asked "
                         "again; ask anew: 'viano interpret {case} --attempt-id NEW' or "
                         "'viano hypothesize {case} --attempt-id NEW', for its phase",
+    "store_corrupt": "'viano verify {case}' names what is damaged; restore the store from "
+                     "its backup, then 'viano batch {case}'",
+    "store_unavailable": "the store could not be read (its disk, permissions or database): "
+                         "fix that, then 'viano batch {case}'",
 }
 
 

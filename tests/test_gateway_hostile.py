@@ -156,6 +156,39 @@ class TestContentEncoding:
         assert [a.detail for a in outcome.attempts] == ["http_503", "ok"]
 
 
+    @pytest.mark.parametrize("answer", [
+        response(202, b"junk", ("content-encoding", "br")),
+        response(202, GOOD, ("content-encoding", "zstd")),
+        response(206, b"x" * 4096)], ids=["202-refused", "202-unsupported", "206-over"])
+    async def test_a_2xx_not_200_that_cannot_be_read_is_not_the_api(
+            self, raw: RawServer, answer: bytes) -> None:
+        """A 202 in a refused encoding, or a 206 over the output limit, is as much "not the
+        API's answer" as one without an envelope: configuration, so the next provider is
+        asked. Both were invalid answers, which end the round with no failover."""
+        second = RawServer()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(second.serve)
+            raw.answers.append(answer)
+            second.answers.append(response(200))
+            providers = [*_one_provider(raw),
+                         provider("q", "openai", second.url, retries=0)]
+            async with open_gateway(providers, FAST, environ=ENV) as gw:
+                outcome = await gw.round(attrs.evolve(request(), max_output_bytes=1024))
+            nursery.cancel_scope.cancel()
+        assert outcome.status is RoundStatus.ANSWER, outcome.attempts
+        status = int(answer.split()[1])
+        assert [(a.failure, a.detail) for a in outcome.attempts] == [
+            (FailureClass.CONFIGURATION, f"http_{status}"), (None, "ok")]
+
+    async def test_a_200_over_the_limit_is_still_an_invalid_answer(
+            self, raw: RawServer) -> None:
+        raw.answers.append(response(200, b"x" * 4096))
+        async with open_gateway(_one_provider(raw), FAST, environ=ENV) as gw:
+            outcome = await gw.round(attrs.evolve(request(), max_output_bytes=1024))
+        assert [(a.failure, a.detail) for a in outcome.attempts] == [
+            (FailureClass.INVALID_ANSWER, "output_limit_exceeded")]
+
+
 class TestRetryAfter:
     @pytest.mark.parametrize("header", [("retry-after", "inf"), ("retry-after", "1e400"),
                                         ("retry-after", "Infinity"), ("retry-after", "nan"),

@@ -85,7 +85,7 @@ async def http_attempt(transport: httpx.AsyncBaseTransport, call: HttpCall,
             status, headers = response.status_code, dict(response.headers)
             body, over = await _read_limited(response, ctx.max_output_bytes)
         except EncodingRefused as exc:  # its status still decides, when it is a failure
-            refused = classify_status(status)
+            refused = classify_status(status) or _not_the_api(status)
             return AttemptResult(make_record(
                 ctx, call, started, started_at, status=status, headers=headers,
                 failure=refused or FailureClass.INVALID_ANSWER,
@@ -114,22 +114,30 @@ async def http_attempt(transport: httpx.AsyncBaseTransport, call: HttpCall,
             truncated=over, failure=FailureClass.INVALID_ANSWER, detail=detail, error=message),
             content=content)
 
-    if over:
-        return invalid("output_limit_exceeded",
-                       f"the response passed max_output_bytes={ctx.max_output_bytes}")
     try:
+        if over:
+            raise EnvelopeError(f"the response passed max_output_bytes={ctx.max_output_bytes}")
         content = extract_content(ctx.provider.kind, body)
     except EnvelopeError as exc:
-        if status != 200:  # a 2xx that is not the API's answer (a queue's 202, a proxy's
-            # 204, a 206 of part of one): that endpoint is not the API, so the next one
+        if _not_the_api(status):
             return AttemptResult(make_record(
                 ctx, call, started, started_at, status=status, headers=headers, body=body,
-                failure=FailureClass.CONFIGURATION, detail=f"http_{status}",
+                truncated=over, failure=FailureClass.CONFIGURATION, detail=f"http_{status}",
                 error=f"HTTP {status} without an answer ({exc})"))
+        if over:
+            return invalid("output_limit_exceeded", str(exc))
         return invalid("bad_envelope", str(exc))
     return _check_content(ctx, content, lambda masked, parsed: AttemptResult(make_record(
         ctx, call, started, started_at, status=status, headers=headers, body=body,
         failure=None, detail="ok"), content=masked, parsed=parsed), invalid)
+
+
+def _not_the_api(status: int) -> FailureClass | None:
+    """A 2xx other than 200 whose body cannot be read as the answer (a queue's 202, a
+    proxy's 204, a 206 of part of one; over the output limit or in a refused encoding as
+    much as without an envelope): that endpoint is not the API, so the next provider is
+    asked. A 200 that cannot be read is an invalid answer."""
+    return FailureClass.CONFIGURATION if status != 200 else None
 
 
 def _check_content(ctx: AttemptContext, content: str,

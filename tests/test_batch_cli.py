@@ -20,7 +20,7 @@ import pytest
 import trio
 
 from actors import open_store
-from engine import IntakeLimits, prepare_intake
+from engine import Attachment, IntakeLimits, prepare_intake
 from tests.batch_helpers import write_generic_answers
 from tests.conftest import PYTHON, REPO, VIANO, child_env, run_viano
 from tests.loopback import dead_port
@@ -417,6 +417,45 @@ class TestWhatToDoNext:
         finally:
             provider.stop()
         assert [r["status"] for r in json.loads(again.stdout)["results"]] == ["COMPLETED"]
+
+    async def test_no_human_source_grounded_is_reopened_and_interpreted_anew(
+            self, tmp_path: Path, answers: Path) -> None:
+        """missing_observations: an interpretation whose grounded statements cite only an
+        attachment. The step names report and reopen (its message once asked for
+        observations added to the case, whose originals never change), and following it
+        with a provider that grounds the report ends with the hypotheses built."""
+        store = tmp_path / "s"
+        report, log = tmp_path / "M-1.txt", tmp_path / "run.log"
+        report.write_text("Crash in M-1\nIt crashes on start.\n")
+        log.write_text("ERROR at start\n")
+        async with open_store(store) as handle:
+            await handle.intake(prepare_intake(report, [Attachment("attachment", log)],
+                                               case_id="M-1", limits=IntakeLimits()))
+        only_log = write_generic_answers(tmp_path / "only-log")
+        interpretation = only_log / "interpretation_v1.json"
+        interpretation.write_text(interpretation.read_text().replace('"S1"', '"S2"'))
+        first = Provider(tmp_path, only_log)
+        try:
+            env = _env(_config(tmp_path, first.port))
+            r = run_viano("batch", "--store", store, "M-1", env=env)
+        finally:
+            first.stop()
+        assert r.returncode == 13 and "M-1 ERROR missing_observations" in r.stdout, r.stdout
+        assert ("what to do about missing_observations (1 case(s): M-1): read it ('viano "
+                "report M-1'): 'viano reopen M-1 --reason TEXT' has it interpreted anew") \
+            in r.stdout
+        good = Provider(tmp_path, answers)
+        try:
+            env = _env(_config(tmp_path, good.port))
+            assert run_viano("report", "--store", store, "M-1", env=env).returncode == 0
+            reopened = run_viano("reopen", "--store", store, "M-1", "--reason",
+                                 "ground it in the report", env=env)
+            assert reopened.returncode == 0, reopened.stderr
+            again = run_viano("batch", "--store", store, "M-1", "--json", env=env)
+        finally:
+            good.stop()
+        [result] = json.loads(again.stdout)["results"]
+        assert (result["status"], result["analysis_revision"]) == ("COMPLETED", 2), result
 
     async def test_a_damaged_blob_is_named_as_the_store_s_damage(
             self, tmp_path: Path, answers: Path) -> None:

@@ -284,8 +284,11 @@ class _Dispatch:
                 round_no: int | None = None, max_rounds: int | None = None,
                 due_at: float | None = None) -> DispatchResult:
         m = snap.manifest
-        if reason == "unsupported_history" and self._store_fault is not None:
-            reason = self._store_fault.reason  # store_corrupt, store_unavailable
+        if status == ERROR and self._store_fault is not None:
+            # What the step read was incomplete, so the store's error is the cause (not the
+            # history, the interpretation or the case it could not read): store_corrupt,
+            # store_unavailable.
+            reason = self._store_fault.reason
         result = DispatchResult(m.case_id, m.package_id, self.spec.phase, status, reason,
                                 message, m.analysis_revision, m.package_generation,
                                 self.request.attempt_id, round_no, max_rounds, due_at)

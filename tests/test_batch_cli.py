@@ -490,6 +490,32 @@ class TestWhatToDoNext:
         verify = run_viano("verify", "--store", store, "D-1")
         assert verify.returncode == 1 and "is damaged" in verify.stdout, verify.stdout
 
+    async def test_a_damaged_case_under_a_confirmed_interpretation_is_the_store_s_damage(
+            self, tmp_path: Path, answers: Path) -> None:
+        """The case's catalogue damaged after its interpretation was confirmed: the builder
+        cannot read the case to verify the interpretation against, which said
+        ``interpretation_mismatch`` (and a reopen, which cannot help). It is the store's
+        damage: ``store_corrupt``."""
+        import sqlite3
+
+        store = tmp_path / "s"
+        await _intake(store, tmp_path, ["E-1"])
+        provider = Provider(tmp_path, answers)
+        try:
+            env = _env(_config(tmp_path, provider.port, auto_confirm=False))
+            assert run_viano("interpret", "--store", store, "E-1", env=env).returncode == 0
+            assert run_viano("confirm", "--store", store, "E-1", env=env).returncode == 0
+            shown = json.loads(run_viano("show", "--store", store, "E-1", "--json").stdout)
+            sha = shown["files"]["case/catalogue.json"]["sha256"]
+            with contextlib.closing(sqlite3.connect(store / "store.sqlite3")) as db, db:
+                db.execute("UPDATE blob_rows SET data = zeroblob(size) WHERE sha256 = ?",
+                           (bytes.fromhex(sha),))
+            r = run_viano("hypothesize", "--store", store, "E-1", env=env)
+        finally:
+            provider.stop()
+        assert r.returncode == 13 and "E-1: ERROR (store_corrupt)" in r.stdout, r.stdout
+        assert [c["prompt_id"] for c in provider.calls] == ["interpretation_v1"]
+
     async def test_an_unreachable_provider(self, tmp_path: Path) -> None:
         """Every case pending on a provider that refuses connections: one line for the
         reason, and no line for a reason that needs nothing (the JSON is unchanged)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol, TypeVar
 
 import attrs
 import trio
@@ -66,6 +66,7 @@ from ._gateway_pool import GatewayHandle
 from ._store_handle import Snapshot, StoreHandle
 
 MAX_STEPS = 16
+R = TypeVar("R")
 log = logging.getLogger("viano.events")
 
 
@@ -334,6 +335,19 @@ def _emit(services: PhaseServices, result: DispatchResult) -> None:
     services.events({"event": "result", **result.to_json()})
 
 
+def made_on(snap: Snapshot, make: Callable[[PackageView], R]) -> R:
+    """``make`` on the snapshot's view; a refusal of a step whose read the store failed
+    is the store's error (``store_corrupt``, ``store_unavailable``), not the refusal the
+    unreadable file led to (a confirm said ``interpretation_mismatch``)."""
+    faults: list[VianoError] = []
+    try:
+        return make(view_of(snap, faults.append))
+    except (VianoError, HistoryProblem) as exc:
+        if faults and faults[0] is not exc:
+            raise faults[0] from exc
+        raise
+
+
 async def case_operation(store: StoreHandle, case_id: str,
                          make: Callable[[PackageView], tuple[Change, CaseStatus] | None],
                          ) -> Snapshot | None:
@@ -341,7 +355,7 @@ async def case_operation(store: StoreHandle, case_id: str,
     the change from the head (on a worker thread), and it is published on top of exactly
     that head. ``None`` when there is nothing to do."""
     async with store.lease(case_id):
-        _ref, snap, made = await store.head_with(case_id, lambda snap: make(view_of(snap)))
+        _ref, snap, made = await store.head_with(case_id, lambda snap: made_on(snap, make))
         if made is None:
             return None
         change, status = made

@@ -57,8 +57,8 @@ from ._case_actor import (
     SystemClock,
     locked_result,
     log_event,
+    made_on,
     run_phase,
-    view_of,
 )
 from ._gateway_pool import GatewayHandle
 from ._passes import Passes
@@ -373,7 +373,8 @@ class Engine(Passes):
 
     async def _confirm(self, case_id: str) -> None:
         _ref, snap, made = await self.store.head_with(
-            case_id, lambda snap: confirm_change(view_of(snap), "policy:auto_confirm"))
+            case_id, lambda snap: made_on(
+                snap, lambda view: confirm_change(view, "policy:auto_confirm")))
         if made is not None:
             after = await snap.publish(*made)
             self._step(case_id, "confirm", made[1], after.manifest.analysis_revision,

@@ -516,6 +516,30 @@ class TestWhatToDoNext:
         assert r.returncode == 13 and "E-1: ERROR (store_corrupt)" in r.stdout, r.stdout
         assert [c["prompt_id"] for c in provider.calls] == ["interpretation_v1"]
 
+    async def test_confirming_a_damaged_case_is_the_store_s_damage(
+            self, tmp_path: Path, answers: Path) -> None:
+        """`viano confirm` of an interpretation whose case cannot be read: store_corrupt
+        (it said interpretation_mismatch, as the builder did)."""
+        import sqlite3
+
+        store = tmp_path / "s"
+        await _intake(store, tmp_path, ["F-1"])
+        provider = Provider(tmp_path, answers)
+        try:
+            env = _env(_config(tmp_path, provider.port, auto_confirm=False))
+            assert run_viano("interpret", "--store", store, "F-1", env=env).returncode == 0
+        finally:
+            provider.stop()
+        shown = json.loads(run_viano("show", "--store", store, "F-1", "--json").stdout)
+        sha = shown["files"]["case/catalogue.json"]["sha256"]
+        with contextlib.closing(sqlite3.connect(store / "store.sqlite3")) as db, db:
+            db.execute("UPDATE blob_rows SET data = zeroblob(size) WHERE sha256 = ?",
+                       (bytes.fromhex(sha),))
+        r = run_viano("confirm", "--store", store, "F-1", env=env)
+        assert r.returncode != 0 and "error[store_corrupt]" in r.stderr, r.stderr
+        after = json.loads(run_viano("show", "--store", store, "F-1", "--json").stdout)
+        assert after["package_generation"] == shown["package_generation"]
+
     async def test_an_unreachable_provider(self, tmp_path: Path) -> None:
         """Every case pending on a provider that refuses connections: one line for the
         reason, and no line for a reason that needs nothing (the JSON is unchanged)."""

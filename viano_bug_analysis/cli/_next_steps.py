@@ -44,7 +44,9 @@ _NEXT_STEP = {
                             "TEXT' has it interpreted anew, or, when the report lacks them, "
                             "take it in again with the observations as a new case ('viano "
                             "intake --report FILE --case-id NEW')",
-    # A store's error on reading the case (no result is recorded: the case is as it was).
+    # A store's error on reading the case. Under batch and the daemon the ERROR is
+    # recorded, so '--all' skips the case until it is taken up by id (as the lines of
+    # many cases say).
     "store_corrupt": "'viano verify {case}' names what is damaged; restore the store from "
                      "its backup, then run the same command again",
     "store_unavailable": "the store could not be read (its disk, permissions or database): "

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, BinaryIO, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import attrs
 import trio
@@ -312,23 +312,20 @@ def view_of(snap: Snapshot, on_fault: Callable[[VianoError], None] | None = None
     store = snap.handle.store
     if on_fault is None:
         return PackageView(snap.manifest, store.read_blob, store.open_blob)
-    read, open_ = store.read_blob, store.open_blob
+    return PackageView(snap.manifest, _telling(store.read_blob, on_fault),
+                       _telling(store.open_blob, on_fault))
 
-    def read_blob(sha256: str) -> bytes:
+
+def _telling(read: Callable[[str], R], on_fault: Callable[[VianoError], None]
+             ) -> Callable[[str], R]:
+    """``read``, telling ``on_fault`` of each store error it raises (and raising it)."""
+    def told(sha256: str) -> R:
         try:
             return read(sha256)
         except VianoError as exc:
             on_fault(exc)
             raise
-
-    def open_blob(sha256: str) -> BinaryIO:
-        try:
-            return open_(sha256)
-        except VianoError as exc:
-            on_fault(exc)
-            raise
-
-    return PackageView(snap.manifest, read_blob, open_blob)
+    return told
 
 
 def _emit(services: PhaseServices, result: DispatchResult) -> None:

@@ -9,6 +9,7 @@ import contextlib
 import json
 import queue
 import signal
+import sqlite3
 import subprocess
 import threading
 from collections import Counter
@@ -322,6 +323,18 @@ class TestBatch:
         assert unknown.returncode == 2 and "unknown_case" in unknown.stderr
 
 
+def _damage_catalogue(store: Path, case: str) -> int:
+    """Overwrite the bytes of ``case``'s catalogue blob (same size) in the SQLite store;
+    the head's generation."""
+    shown = json.loads(run_viano("show", "--store", store, case, "--json").stdout)
+    sha = bytes.fromhex(shown["files"]["case/catalogue.json"]["sha256"])
+    with contextlib.closing(sqlite3.connect(store / "store.sqlite3")) as db, db:
+        damaged = db.execute("UPDATE blob_rows SET data = zeroblob(size) WHERE sha256 = ?",
+                             (sha,)).rowcount
+    assert damaged == 1
+    return int(shown["package_generation"])
+
+
 class TestWhatToDoNext:
     """A multi-case command's summary says what to do about the results that need a
     person, as `viano interpret` does for one case: per reason code, its cases and the
@@ -463,16 +476,9 @@ class TestWhatToDoNext:
         and the step ``viano verify``, in a batch and in ``viano interpret``; it was
         ``unsupported_history``, a history this version did not write, which sent the
         reader to look for another version of Viano. The other case completes."""
-        import sqlite3
-
         store = tmp_path / "s"
         await _intake(store, tmp_path, ["D-1", "D-2"])
-        shown = json.loads(run_viano("show", "--store", store, "D-1", "--json").stdout)
-        sha = shown["files"]["case/catalogue.json"]["sha256"]
-        with contextlib.closing(sqlite3.connect(store / "store.sqlite3")) as db, db:
-            damaged = db.execute("UPDATE blob_rows SET data = zeroblob(size) WHERE sha256 = ?",
-                                 (bytes.fromhex(sha),)).rowcount
-        assert damaged == 1
+        _damage_catalogue(store, "D-1")
         provider = Provider(tmp_path, answers)
         try:
             env = _env(_config(tmp_path, provider.port))
@@ -496,8 +502,6 @@ class TestWhatToDoNext:
         cannot read the case to verify the interpretation against, which said
         ``interpretation_mismatch`` (and a reopen, which cannot help). It is the store's
         damage: ``store_corrupt``."""
-        import sqlite3
-
         store = tmp_path / "s"
         await _intake(store, tmp_path, ["E-1"])
         provider = Provider(tmp_path, answers)
@@ -505,11 +509,7 @@ class TestWhatToDoNext:
             env = _env(_config(tmp_path, provider.port, auto_confirm=False))
             assert run_viano("interpret", "--store", store, "E-1", env=env).returncode == 0
             assert run_viano("confirm", "--store", store, "E-1", env=env).returncode == 0
-            shown = json.loads(run_viano("show", "--store", store, "E-1", "--json").stdout)
-            sha = shown["files"]["case/catalogue.json"]["sha256"]
-            with contextlib.closing(sqlite3.connect(store / "store.sqlite3")) as db, db:
-                db.execute("UPDATE blob_rows SET data = zeroblob(size) WHERE sha256 = ?",
-                           (bytes.fromhex(sha),))
+            _damage_catalogue(store, "E-1")
             r = run_viano("hypothesize", "--store", store, "E-1", env=env)
         finally:
             provider.stop()
@@ -520,8 +520,6 @@ class TestWhatToDoNext:
             self, tmp_path: Path, answers: Path) -> None:
         """`viano confirm` of an interpretation whose case cannot be read: store_corrupt
         (it said interpretation_mismatch, as the builder did)."""
-        import sqlite3
-
         store = tmp_path / "s"
         await _intake(store, tmp_path, ["F-1"])
         provider = Provider(tmp_path, answers)
@@ -530,15 +528,11 @@ class TestWhatToDoNext:
             assert run_viano("interpret", "--store", store, "F-1", env=env).returncode == 0
         finally:
             provider.stop()
-        shown = json.loads(run_viano("show", "--store", store, "F-1", "--json").stdout)
-        sha = shown["files"]["case/catalogue.json"]["sha256"]
-        with contextlib.closing(sqlite3.connect(store / "store.sqlite3")) as db, db:
-            db.execute("UPDATE blob_rows SET data = zeroblob(size) WHERE sha256 = ?",
-                       (bytes.fromhex(sha),))
+        generation = _damage_catalogue(store, "F-1")
         r = run_viano("confirm", "--store", store, "F-1", env=env)
         assert r.returncode != 0 and "error[store_corrupt]" in r.stderr, r.stderr
         after = json.loads(run_viano("show", "--store", store, "F-1", "--json").stdout)
-        assert after["package_generation"] == shown["package_generation"]
+        assert after["package_generation"] == generation
 
     async def test_an_unreachable_provider(self, tmp_path: Path) -> None:
         """Every case pending on a provider that refuses connections: one line for the

@@ -308,24 +308,10 @@ class _Dispatch:
 def view_of(snap: Snapshot, on_fault: Callable[[VianoError], None] | None = None
             ) -> PackageView:
     """The snapshot's generation as the phases read it; ``on_fault`` is told of each error
-    the store raises on a read (the view turns it into a :class:`HistoryProblem`)."""
+    the store raises on a read, also on a stream's read (the view turns it into a
+    :class:`HistoryProblem`)."""
     store = snap.handle.store
-    if on_fault is None:
-        return PackageView(snap.manifest, store.read_blob, store.open_blob)
-    return PackageView(snap.manifest, _telling(store.read_blob, on_fault),
-                       _telling(store.open_blob, on_fault))
-
-
-def _telling(read: Callable[[str], R], on_fault: Callable[[VianoError], None]
-             ) -> Callable[[str], R]:
-    """``read``, telling ``on_fault`` of each store error it raises (and raising it)."""
-    def told(sha256: str) -> R:
-        try:
-            return read(sha256)
-        except VianoError as exc:
-            on_fault(exc)
-            raise
-    return told
+    return PackageView(snap.manifest, store.read_blob, store.open_blob, on_fault)
 
 
 def _emit(services: PhaseServices, result: DispatchResult) -> None:

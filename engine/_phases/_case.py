@@ -13,7 +13,7 @@ from .._canonical import sha256_hex
 from .._config import IntakeLimits
 from .._errors import ArchiveRejected, InvalidCaseId, ReportRejected
 from .._intake import TextSource, converted, member_heads, parse_report
-from ._view import HistoryProblem, PackageView
+from ._view import STREAM_BUFFER, HistoryProblem, PackageView
 
 HUMAN_KINDS = ("report", "comment", "observation")
 TEXT_TYPES = ("text/", "application/json", "application/toml", "application/yaml",
@@ -184,6 +184,10 @@ def _order(case: CaseRecord, source_id: str) -> int:
 
 def _read_heads(view: PackageView, plan: list[tuple[Mapping[str, Any], int]],
                 kinds: Mapping[Any, Any], texts: ReportTexts) -> dict[str, bytes]:
+    """The heads the plan asks for. Every stored input they come from is read to its end
+    first or with them, so the store checks it against its sha256: a head alone would
+    reach no check, and damaged bytes would be pinned in the context (a damaged input
+    is a HistoryProblem; the case actor names the store's reason)."""
     by_input: dict[str, dict[str, tuple[str, int]]] = {}
     out: dict[str, bytes] = {}
     for s, want in plan:
@@ -197,7 +201,10 @@ def _read_heads(view: PackageView, plan: list[tuple[Mapping[str, Any], int]],
         member = origin.get("member")
         if member is None:
             with view.open(name) as f:
-                out[str(s["source_id"])] = f.read(want)
+                head = f.read(want)
+                while f.read(STREAM_BUFFER):  # to the end, where the stream checks it
+                    pass
+            out[str(s["source_id"])] = head
         else:
             by_input.setdefault(name, {})[str(member)] = (str(s["source_id"]), want)
     for name, members in by_input.items():
@@ -205,6 +212,7 @@ def _read_heads(view: PackageView, plan: list[tuple[Mapping[str, Any], int]],
         entry = view.manifest.files[name]
         if kind not in ("zip", "tar", "tar.gz"):
             continue
+        view.check(name)  # the whole archive, before a head of it is used
         def opener(n: str = name) -> IO[bytes]:
             return view.open(n)
 

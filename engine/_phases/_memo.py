@@ -182,7 +182,7 @@ class _Memo:
         record = _Record()
         seen = PackageView(cast(Manifest, _SeenManifest(m, record)),
                            self._watched_reader(view, record),
-                           self._watched_opener(view, record))
+                           self._watched_opener(view, record), view.on_fault)
         result = check(seen, *args)
         if not (record.failed or record.whole) and record.size <= MAX_LOOKUPS:
             self._keep(key, record, freeze(result))

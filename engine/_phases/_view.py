@@ -9,6 +9,7 @@ into ``unsupported_history`` rather than an internal error.
 from __future__ import annotations
 
 import contextlib
+import io
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -24,6 +25,7 @@ from .._store import BytesSource, Change, Manifest
 Reader = Callable[[str], bytes]     # sha256 -> bytes
 _UNPARSED: Any = object()
 Opener = Callable[[str], IO[bytes]]  # sha256 -> a readable, seekable stream
+STREAM_BUFFER = 1 << 16  # a stream's read buffer (a smaller file's size, if less)
 
 
 class _Documents:
@@ -137,6 +139,10 @@ class PackageView:
     manifest: Manifest
     reader: Reader = attrs.field(repr=False)
     opener: Opener | None = attrs.field(default=None, repr=False)
+    # Told of each error the store raises on a read (a damaged blob, a store that cannot be
+    # read) before the view turns it into a HistoryProblem: the case actor names the
+    # store's reason in its result (store_corrupt, store_unavailable).
+    on_fault: Callable[[VianoError], None] | None = attrs.field(default=None, repr=False)
 
     def has(self, path: str) -> bool:
         return path in self.manifest.files
@@ -159,24 +165,41 @@ class PackageView:
         try:
             data = self.reader(entry.sha256)
         except VianoError as exc:
-            raise HistoryProblem(f"{path} cannot be read: {exc.message}") from exc
+            raise self.unreadable(path, exc) from exc
         DOCUMENTS.put(entry.sha256, data)
         return data
 
     def open(self, path: str) -> IO[bytes]:
-        """A stream of a (possibly large) file; the caller closes it."""
+        """A stream of a (possibly large) file; the caller closes it. The store's stream
+        checks the bytes against their sha256 when a read reaches the end; an error the
+        store raises on any read is a :class:`HistoryProblem`, as it is for :meth:`read`."""
         entry = self.manifest.files.get(path)
         if entry is None:
             raise HistoryProblem(f"{path} is not in generation "
                                  f"{self.manifest.package_generation}")
         if self.opener is None:
-            import io
-
             return io.BytesIO(self.read(path))
         try:
-            return self.opener(entry.sha256)
+            stream = self.opener(entry.sha256)
         except VianoError as exc:
-            raise HistoryProblem(f"{path} cannot be read: {exc.message}") from exc
+            raise self.unreadable(path, exc) from exc
+        return io.BufferedReader(_StoreStream(stream, path, self),
+                                 buffer_size=max(1, min(entry.size, STREAM_BUFFER)))
+
+    def check(self, path: str) -> None:
+        """Read ``path`` to its end through the store's stream, which checks it against its
+        sha256: a damaged blob is a :class:`HistoryProblem` here, before any of its bytes
+        are used (a head read alone never reaches the check)."""
+        with self.open(path) as f:
+            while f.read(STREAM_BUFFER):
+                pass
+
+    def unreadable(self, path: str, exc: VianoError) -> HistoryProblem:
+        """The :class:`HistoryProblem` a store error on a read of ``path`` is (the view's
+        ``on_fault`` is told of the error first)."""
+        if self.on_fault is not None:
+            self.on_fault(exc)
+        return HistoryProblem(f"{path} cannot be read: {exc.message}")
 
     def read_json(self, path: str) -> Any:
         data = self.read(path)
@@ -197,6 +220,41 @@ class PackageView:
         if not isinstance(doc, dict):
             raise HistoryProblem(f"{path} is not a JSON object")
         return doc
+
+
+class _StoreStream(io.RawIOBase):
+    """A store's stream of one file of a view: a store error on a read (the end-of-file
+    hash check, a disk that fails) is the view's :class:`HistoryProblem`."""
+
+    def __init__(self, inner: IO[bytes], path: str, view: PackageView):
+        super().__init__()
+        self._inner, self._path, self._view = inner, path, view
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        try:
+            data = self._inner.read(len(buffer))
+        except VianoError as exc:
+            raise self._view.unreadable(self._path, exc) from exc
+        buffer[: len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._inner.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._inner.tell()
+
+    def close(self) -> None:
+        try:
+            self._inner.close()
+        finally:
+            super().close()
 
 
 def remember_written(change: Change) -> Change:

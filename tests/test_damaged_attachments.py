@@ -1,0 +1,165 @@
+"""An attachment damaged in the store never reaches the model, and never gets pinned.
+
+The interpretation's context holds the first bytes of each textual attachment. Those were
+read with a head read, and the store's stream checks a blob against its sha256 only when a
+read reaches its end: damaged bytes went into ``context.json``, were sent to the model and
+were published, and only a later step said ``store_corrupt`` (after which the revision
+could never verify again). A damaged archive member's head went the same way, or (a
+compressed archive) came out as an ``unreadable`` excerpt, the damage unsaid.
+
+Now every input an excerpt comes from is read to its end first: the case says
+``store_corrupt`` (exit 13 with its result, as for any damaged file), no call reaches the
+provider, and nothing is published.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sqlite3
+import tarfile
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.batch_helpers import write_generic_answers
+from tests.conftest import child_env, run_viano
+from tests.loopback.process import Provider
+from tests.store_helpers import open_ro
+
+KEY = "sk-damaged-attachments-0000"
+LINE = b"2026-01-01 ERROR worker 7 lost its connection to the queue\n"
+
+
+def _log(size: int) -> bytes:
+    return (LINE * (size // len(LINE) + 1))[:size]
+
+
+def _zip(data: bytes) -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("logs/app.log", data)
+    return out.getvalue()
+
+
+def _tar(data: bytes) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as t:
+        info = tarfile.TarInfo("logs/app.log")
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+# (attachment file name, role, its bytes): small ones are stored inline in SQLite, the
+# ones above 256 KiB as blob files; the archives are catalogued by member.
+KINDS: dict[str, tuple[str, str, Callable[[], bytes]]] = {
+    "inline text": ("app.log", "attachment", lambda: _log(4_000)),
+    "blob-file text": ("big.log", "attachment", lambda: _log(600_000)),
+    "zip member": ("diag.zip", "diagnostics", lambda: _zip(_log(4_000))),
+    "tar member": ("diag.tar", "diagnostics", lambda: _tar(_log(300_000))),
+}
+
+
+def _config(tmp: Path, port: int) -> Path:
+    cfg = tmp / "viano.toml"
+    cfg.write_text(f"""
+[interpretation]
+auto_confirm = true
+
+[[providers]]
+name = "loopback"
+kind = "openai"
+base_url = "http://127.0.0.1:{port}/v1"
+model = "m"
+api_key_env = "VIANO_KEY"
+retries = 0
+timeout_s = 30
+""")
+    return cfg
+
+
+def _damage(store: Path, sha256: str, data: bytes) -> None:
+    """The stored bytes of ``sha256`` with ``ERROR`` in its first line turned into
+    ``FIXED`` (same size): a head read sees the change, only a whole read finds it."""
+    at = data.index(b"ERROR")
+    damaged = data[:at] + b"FIXED" + data[at + 5:]
+    with contextlib.closing(sqlite3.connect(store / "store.sqlite3")) as db, db:
+        rows = db.execute("UPDATE blob_rows SET data = ? WHERE sha256 = ? AND data IS NOT "
+                          "NULL", (damaged, bytes.fromhex(sha256))).rowcount
+    if rows == 0:  # not inline: its blob file
+        path = store / "blobs" / "sha256" / sha256[:2] / sha256
+        path.chmod(0o644)
+        path.write_bytes(damaged)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_damaged_attachment_stops_the_case_before_any_call(
+        tmp_path: Path, kind: str) -> None:
+    name, role, make = KINDS[kind]
+    data = make()
+    report = tmp_path / "report.txt"
+    report.write_text("The worker crashes\nIt loses its queue connection and exits.\n")
+    (tmp_path / name).write_bytes(data)
+    store = tmp_path / "s"
+    r = run_viano("intake", "--store", store, "--report", report, "--case-id", "A-1",
+                  "--attach", f"{role}={tmp_path / name}")
+    assert r.returncode == 0, r.stderr
+    shown = json.loads(run_viano("show", "--store", store, "A-1", "--json").stdout)
+    stored = [v for p, v in shown["files"].items() if p.startswith("inputs/")
+              and v["size"] == len(data)]
+    assert len(stored) == 1, shown["files"]
+    _damage(store, stored[0]["sha256"], data)
+
+    provider = Provider(tmp_path, write_generic_answers(tmp_path / "answers"))
+    try:
+        env = child_env(VIANO_CONFIG=str(_config(tmp_path, provider.port)), VIANO_KEY=KEY)
+        one = run_viano("interpret", "--store", store, "A-1", env=env)
+    finally:
+        provider.stop()
+    assert one.returncode == 13, one.stdout + one.stderr
+    assert "A-1: ERROR (store_corrupt)" in one.stdout, one.stdout
+    assert "what to do: 'viano verify A-1' names what is damaged" in one.stdout
+    assert provider.calls == []  # nothing of the damaged bytes went out
+    after = json.loads(run_viano("show", "--store", store, "A-1", "--json").stdout)
+    assert after["package_generation"] == shown["package_generation"]  # nothing pinned
+    verify = run_viano("verify", "--store", store, "A-1")
+    assert verify.returncode == 1 and "is damaged" in verify.stdout, verify.stdout
+
+
+def test_an_undamaged_attachment_is_excerpted(tmp_path: Path) -> None:
+    """The same cases undamaged complete, their excerpts taken (the check above is the
+    damage, not the reading)."""
+    report = tmp_path / "report.txt"
+    report.write_text("The worker crashes\nIt loses its queue connection and exits.\n")
+    store = tmp_path / "s"
+    ids = []
+    for i, (name, role, make) in enumerate(KINDS.values()):
+        (tmp_path / name).write_bytes(make())
+        ids.append(f"B-{i}")
+        r = run_viano("intake", "--store", store, "--report", report, "--case-id", ids[-1],
+                      "--attach", f"{role}={tmp_path / name}")
+        assert r.returncode == 0, r.stderr
+    provider = Provider(tmp_path, write_generic_answers(tmp_path / "answers"))
+    try:
+        env = child_env(VIANO_CONFIG=str(_config(tmp_path, provider.port)), VIANO_KEY=KEY)
+        for case in ids:
+            r = run_viano("interpret", "--store", store, case, env=env)
+            assert r.returncode == 0, r.stdout + r.stderr
+    finally:
+        provider.stop()
+    assert len(provider.calls) == len(ids)
+    ro = open_ro(store)
+    try:
+        for case in ids:
+            files = json.loads(run_viano("show", "--store", store, case, "--json").stdout
+                               )["files"]
+            [context] = [v for p, v in files.items() if p.endswith("/context.json")]
+            doc = json.loads(ro.read_blob(context["sha256"]))
+            [excerpt] = doc["untrusted_case_data"]["excerpts"]
+            assert excerpt["text"].startswith(LINE.decode()), excerpt
+    finally:
+        ro.close()

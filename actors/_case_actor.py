@@ -43,6 +43,7 @@ from engine import (
     Finish,
     HistoryProblem,
     Judge,
+    Manifest,
     PackageView,
     PhaseRefused,
     PhaseSpec,
@@ -66,6 +67,11 @@ from ._gateway_pool import GatewayHandle
 from ._store_handle import Snapshot, StoreHandle
 
 MAX_STEPS = 16
+# A case whose files add up to more is planned on a worker thread, also on SQLite: a plan
+# derives the case's context, which reads every attachment it excerpts to its end (the
+# store's hash check), ~2 ms per MiB here, and inline that would hold every other case's
+# event loop for as long.
+INLINE_PLAN_BYTES = 4 << 20
 R = TypeVar("R")
 log = logging.getLogger("viano.events")
 
@@ -149,11 +155,12 @@ class _Dispatch:
         self._last: Snapshot | None = None  # the head of the step being planned (its errors)
         # What this dispatch's own last step committed (its generation and the status that
         # went with it): the next step's head, without reading it again.
-        self._committed: tuple[Snapshot, CaseStatus] | None = None
+        self._committed: tuple[Snapshot, CaseStatus | None] | None = None
         # The store's own error on a read of this step's head (a damaged blob, a store that
         # cannot be read): the phases see it as a file that cannot be read, a history
         # problem, but the result names the store's reason, which says what to do.
         self._store_fault: VianoError | None = None
+        self._big = False  # the case is planned on a worker thread (INLINE_PLAN_BYTES)
 
     async def run(self) -> DispatchResult:
         for _ in range(MAX_STEPS):
@@ -161,7 +168,12 @@ class _Dispatch:
             # the step needs (on this thread for SQLite: StoreHandle.run_local).
             now = self.s.clock.now()
             try:
-                planned = await self.s.store.run_local(self._plan, now)
+                planned = None
+                if not self._big:
+                    planned = await self.s.store.run_local(self._plan, now, True)
+                if planned is None:  # a big case: planned on a worker thread
+                    planned = await self.s.store.run_sync(self._plan, now, False)
+                assert planned is not None  # not local: never put off
             except HistoryProblem as exc:
                 if self._last is None:
                     raise
@@ -192,9 +204,12 @@ class _Dispatch:
         raise VianoError(f"the dispatch of {self.case_id!r} did not settle in {MAX_STEPS} "
                          "steps")
 
-    def _plan(self, now: float) -> tuple[Snapshot, Any, Any]:
+    def _plan(self, now: float, local: bool) -> tuple[Snapshot, Any, Any] | None:
         """In one job (``run_local``): the head, the state it gives, the step, and that step's
-        pure work (enter: the change; round: the prompt; judge: the verdict)."""
+        pure work (enter: the change; round: the prompt; judge: the verdict). ``None``, with
+        the head kept for the next call, when it runs on the event loop's thread
+        (``local``, SQLite) and the case's files are too big to read there (see
+        :data:`INLINE_PLAN_BYTES`)."""
         store = self.s.store
         committed, self._committed = self._committed, None
         status: CaseStatus | None
@@ -212,6 +227,10 @@ class _Dispatch:
                                    hint="Pass the package_id from the case's manifest "
                                         "('viano show CASE').")
             snap, status = Snapshot(store, manifest), ref.status
+            if local and not store.store.reads_block and _stored_bytes(manifest) > \
+                    INLINE_PLAN_BYTES:
+                self._big, self._committed = True, (snap, status)
+                return None
         self._last = snap
         self._store_fault = None
         view = view_of(snap, self._fault)
@@ -303,6 +322,10 @@ class _Dispatch:
                        "package_generation": m.package_generation, "step": step,
                        "status": status.status, "reason": status.reason,
                        "round": status.round, **extra})
+
+
+def _stored_bytes(manifest: Manifest) -> int:
+    return sum(entry.size for entry in manifest.files.values())
 
 
 def view_of(snap: Snapshot, on_fault: Callable[[VianoError], None] | None = None

@@ -683,3 +683,46 @@ class TestOperations:
                                      lambda v: unblock_change(v, INTERPRETATION, "qa"))
             assert info.value.reason == "not_blocked"
 
+
+
+class TestABigCaseIsPlannedOffTheLoop:
+    """A plan derives the case's context, which reads each attachment it excerpts to its end
+    (the store's hash check). On SQLite a plan runs on the event loop's thread, so a case
+    with big files would hold every other case for as long: such a case (its files over
+    ``INLINE_PLAN_BYTES`` together) is planned on a worker thread, a small one still
+    inline."""
+
+    async def test_where_the_attachments_are_read(
+            self, tmp_path: Path, server: LoopbackServer,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        import threading
+
+        import engine._phases._case as case_module
+        from actors._case_actor import INLINE_PLAN_BYTES
+        from engine import Attachment, IntakeLimits, prepare_intake
+
+        on_loop: dict[str, bool] = {}
+        read_heads = case_module._read_heads
+
+        def watched(view: Any, *args: Any) -> Any:
+            on_loop[view.manifest.case_id] = threading.current_thread() is \
+                threading.main_thread()
+            return read_heads(view, *args)
+
+        monkeypatch.setattr(case_module, "_read_heads", watched)
+        report = tmp_path / "report.txt"
+        report.write_text("The worker crashes\nIt loses its queue connection.\n")
+        async with services(tmp_path / "s", [http_provider("p1", "openai",
+                                                           server.openai_url)]) as sv:
+            for case_id, size in (("SMALL-1", 10_000), ("BIG-1", INLINE_PLAN_BYTES + 1)):
+                log = tmp_path / f"{case_id}.log"
+                log.write_bytes(b"ERROR lost the queue\n" * (size // 21 + 1))
+                await sv.store.intake(prepare_intake(
+                    report, [Attachment("attachment", log)], case_id=case_id,
+                    limits=IntakeLimits()))
+                # (the fixture's answer cites the sample case's sources: it is rejected)
+                result = await dispatch_phase(sv, INTERPRETATION, case_id,
+                                              interpretation_request())
+                assert result.package_generation > 1  # entered: its context derived
+            inline = not sv.store.store.reads_block
+        assert on_loop == {"SMALL-1": inline, "BIG-1": False}

@@ -105,6 +105,26 @@ class ArchiveRejected(RejectedInput):
     default_reason = "limit_exceeded"
     default_hint = ("Remove or repack the named member, or raise the limit in [intake.limits] "
                     "if the archive is trusted.")
+    # A limit can be raised; what no limit allows (a member that escapes its folder, a link,
+    # a device, a name that is not text; damage; a format this version cannot read) cannot.
+    hints = {
+        "unsafe_archive_member": "Repack the archive without the named member (or with a "
+                                 "plain, relative, UTF-8 name for it); no setting allows it.",
+        "corrupt_archive": "The archive is damaged or not what its name says: make it again "
+                           "from the originals, or attach it as a plain file (role "
+                           "'attachment').",
+        "unsupported_archive": "Repack the archive with a common format and compression "
+                               "(zip with deflate, tar, tar.gz), or attach it as a plain file "
+                               "(role 'attachment').",
+        "duplicate_archive_member": "Repack the archive with each member once (names that "
+                                    "differ only in their Unicode form are the same name).",
+        "encrypted_archive_member": "Attach the archive decrypted: no member of it can be "
+                                    "read or checked encrypted.",
+    }
+
+    def __init__(self, message: str, *, reason: str | None = None, hint: str | None = None):
+        super().__init__(message, reason=reason,
+                         hint=hint or self.hints.get(reason or self.default_reason))
 
 
 class ImportRejected(RejectedInput):

@@ -238,6 +238,10 @@ class TestArchiveRefusals:
         assert r.code == 2, (label, r.out, r.err)
         assert r.json["error"]["reason"] == reason, r.json  # type: ignore[index]
         assert str(archive) in r.json["error"]["message"]  # type: ignore[index]
+        # A limit can be raised; what no limit allows must not be told to raise one (a tar
+        # name that is not UTF-8 said "raise the limit").
+        hint = r.json["error"]["hint"]  # type: ignore[index]
+        assert ("raise the limit" in hint) == (reason == "limit_exceeded"), (label, hint)
         assert snapshot(store_dir) == existing_store
 
     @pytest.mark.parametrize("form", ["end record", "zip64 record"])

@@ -297,7 +297,9 @@ def _catalogue_attachment(cat: CatalogueBuilder, att: Attachment, name: str,
                         "archive": None}
     if att.path.stat().st_size > limits.max_total_bytes:
         raise InputRejected(f"{att.path}: larger than max_total_bytes={limits.max_total_bytes}",
-                            reason="limit_exceeded")
+                            reason="limit_exceeded",
+                            hint="Attach a smaller archive, or raise the limit "
+                                 "([intake.limits] max_total_bytes) if it is trusted.")
     # One open file for the hash, the scan and the hash again: a file renamed over the
     # path meanwhile is not read, and one changed in place shows in the second hash. The
     # store re-hashes the path at commit, so a swap after this is refused there.

@@ -37,6 +37,10 @@ with ``raise … from exc``; nothing above the engine ever sees them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import ClassVar
+
 EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_REJECTED = 2
@@ -107,7 +111,7 @@ class ArchiveRejected(RejectedInput):
                     "if the archive is trusted.")
     # A limit can be raised; what no limit allows (a member that escapes its folder, a link,
     # a device, a name that is not text; damage; a format this version cannot read) cannot.
-    hints = {
+    hints: ClassVar[Mapping[str, str]] = MappingProxyType({
         "unsafe_archive_member": "Repack the archive without the named member (or with a "
                                  "plain, relative, UTF-8 name for it); no setting allows it.",
         "corrupt_archive": "The archive is damaged or not what its name says: make it again "
@@ -120,7 +124,7 @@ class ArchiveRejected(RejectedInput):
                                     "differ only in their Unicode form are the same name).",
         "encrypted_archive_member": "Attach the archive decrypted: no member of it can be "
                                     "read or checked encrypted.",
-    }
+    })
 
     def __init__(self, message: str, *, reason: str | None = None, hint: str | None = None):
         super().__init__(message, reason=reason,

@@ -60,6 +60,7 @@ from engine import (
     prompt_for,
     round_change,
     running,
+    store_errors_first,
     utc_now_iso,
 )
 
@@ -343,15 +344,8 @@ def _emit(services: PhaseServices, result: DispatchResult) -> None:
 
 def made_on(snap: Snapshot, make: Callable[[PackageView], R]) -> R:
     """``make`` on the snapshot's view; a refusal of a step whose read the store failed
-    is the store's error (``store_corrupt``, ``store_unavailable``), not the refusal the
-    unreadable file led to (a confirm said ``interpretation_mismatch``)."""
-    faults: list[VianoError] = []
-    try:
-        return make(view_of(snap, faults.append))
-    except (VianoError, HistoryProblem) as exc:
-        if faults and faults[0] is not exc:
-            raise faults[0] from exc
-        raise
+    is the store's error (a confirm said ``interpretation_mismatch``)."""
+    return store_errors_first(lambda on_fault: view_of(snap, on_fault), make)
 
 
 async def case_operation(store: StoreHandle, case_id: str,

@@ -133,6 +133,7 @@ from ._phases import report_markdown as report_markdown
 from ._phases import reserve_documents as reserve_documents
 from ._phases import round_change as round_change
 from ._phases import running as running
+from ._phases import store_errors_first as store_errors_first
 from ._phases import unblock_change as unblock_change
 from ._phases import validate_hypotheses as validate_hypotheses
 from ._phases import validate_interpretation as validate_interpretation

@@ -15,6 +15,7 @@ provider, and nothing is published.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import sqlite3
@@ -22,6 +23,7 @@ import tarfile
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -163,3 +165,123 @@ def test_an_undamaged_attachment_is_excerpted(tmp_path: Path) -> None:
             assert excerpt["text"].startswith(LINE.decode()), excerpt
     finally:
         ro.close()
+
+
+def _interpreted(tmp_path: Path, kind: str) -> tuple[Path, dict[str, Any], bytes, Provider,
+                                                     dict[str, str]]:
+    """A case with the ``kind`` attachment taken in and interpreted (awaiting its
+    confirmation); its ``show --json`` before, the attachment's bytes, the provider."""
+    name, role, make = KINDS[kind]
+    data = make()
+    report = tmp_path / "report.txt"
+    report.write_text("The worker crashes\nIt loses its queue connection and exits.\n")
+    (tmp_path / name).write_bytes(data)
+    store = tmp_path / "s"
+    assert run_viano("intake", "--store", store, "--report", report, "--case-id", "C-1",
+                     "--attach", f"{role}={tmp_path / name}").returncode == 0
+    provider = Provider(tmp_path, write_generic_answers(tmp_path / "answers"))
+    cfg = _config(tmp_path, provider.port)
+    cfg.write_text(cfg.read_text().replace("auto_confirm = true", "auto_confirm = false"))
+    env = child_env(VIANO_CONFIG=str(cfg), VIANO_KEY=KEY)
+    r = run_viano("interpret", "--store", store, "C-1", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    shown = json.loads(run_viano("show", "--store", store, "C-1", "--json").stdout)
+    return store, shown, data, provider, env
+
+
+@pytest.mark.parametrize("kind", ["zip member", "blob-file text"])
+def test_an_attachment_damaged_after_it_was_pinned_is_the_store_s_damage(
+        tmp_path: Path, kind: str) -> None:
+    """Damaged after the context was pinned: each later step's audit derives the context
+    again (through the memo, which must pass the fault on) and cannot read it. The
+    phase commands and `viano report` say store_corrupt, not unsupported_history (whose
+    step is of no use), and nothing is published."""
+    store, shown, data, provider, env = _interpreted(tmp_path, kind)
+    try:
+        [entry] = [v for p, v in shown["files"].items() if p.startswith("inputs/")
+                   and v["size"] == len(data)]
+        _damage(store, entry["sha256"], data)
+        again = run_viano("interpret", "--store", store, "C-1", env=env)
+        report = run_viano("report", "--store", store, "C-1", env=env)
+    finally:
+        provider.stop()
+    assert again.returncode == 13, again.stdout + again.stderr
+    assert "C-1: ERROR (store_corrupt)" in again.stdout, again.stdout
+    assert report.returncode == 1 and "error[store_corrupt]" in report.stderr, report.stderr
+    after = json.loads(run_viano("show", "--store", store, "C-1", "--json").stdout)
+    assert after["package_generation"] == shown["package_generation"]
+    assert len(provider.calls) == 1
+
+
+class _FailingDisk(io.RawIOBase):
+    """A blob file whose reads fail as a dying disk's do (EIO), after ``good`` bytes."""
+
+    def __init__(self, data: bytes, good: int):
+        super().__init__()
+        self._data, self._good, self._at = data, good, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._at = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: len(self._data)
+                    }[whence] + offset
+        return self._at
+
+    def tell(self) -> int:
+        return self._at
+
+    def readinto(self, b: Any) -> int:
+        if self._at + len(b) > self._good:
+            raise OSError(errno.EIO, "Input/output error")
+        n = len(self._data[self._at:self._at + len(b)])
+        b[:n] = self._data[self._at:self._at + n]
+        self._at += n
+        return n
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_disk_that_fails_under_an_attachment_is_store_unavailable(
+        tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read error (EIO) under an attachment's stream: the context is not derived (an
+    archive's member reads turned it into an 'unreadable' excerpt, pinned and sent; a plain
+    file's raised a raw OSError, an internal error), the view's fault callback hears
+    store_unavailable."""
+    import engine._phases._view as view_module
+    from engine import INTERPRETATION, InterpretationPolicy, PackageView, VianoError
+    from engine._phases import HistoryProblem
+    from engine._phases._interpretation import interpretation_policy
+    from engine._store._blobs import verified_stream
+
+    name, role, make = KINDS[kind]
+    data = make()
+    report = tmp_path / "report.txt"
+    report.write_text("The worker crashes\nIt loses its queue connection and exits.\n")
+    (tmp_path / name).write_bytes(data)
+    store = tmp_path / "s"
+    assert run_viano("intake", "--store", store, "--report", report, "--case-id", "E-1",
+                     "--attach", f"{role}={tmp_path / name}").returncode == 0
+    ro = open_ro(store)
+    try:
+        ref = ro.case("E-1")
+        manifest = ro.manifest(ref.package_id, ref.generation)
+        [sha] = [e.sha256 for p, e in manifest.files.items() if p.startswith("inputs/")
+                 and e.size == len(data)]
+
+        def opener(digest: str) -> Any:
+            if digest != sha:
+                return ro.open_blob(digest)
+            return verified_stream(_FailingDisk(data, len(data) // 2), sha, len(data))
+
+        faults: list[VianoError] = []
+        view = PackageView(manifest, ro.read_blob, opener, faults.append)
+        monkeypatch.setattr(view_module, "DOCUMENTS", view_module._Documents())
+        policy = interpretation_policy(InterpretationPolicy())
+        with pytest.raises(HistoryProblem, match="cannot be read"):
+            INTERPRETATION.context(view, policy, 1)
+    finally:
+        ro.close()
+    assert [f.reason for f in faults] == ["store_unavailable"]

@@ -69,6 +69,7 @@ from ._stats import provider_statistics as provider_statistics
 from ._view import HistoryProblem as HistoryProblem
 from ._view import PackageView as PackageView
 from ._view import reserve_documents as reserve_documents
+from ._view import store_errors_first as store_errors_first
 
 INTERPRETATION_PHASE = _interpretation.PHASE
 HYPOTHESES_PHASE = _hypotheses.PHASE

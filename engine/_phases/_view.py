@@ -13,16 +13,17 @@ import io
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import attrs
 
 from .._config import MAX_DOCUMENT_BYTES
-from .._errors import VianoError
+from .._errors import StorageError, VianoError
 from .._json import UntrustedJson, loads_untrusted
 from .._store import BytesSource, Change, Manifest
 
 Reader = Callable[[str], bytes]     # sha256 -> bytes
+R = TypeVar("R")
 _UNPARSED: Any = object()
 Opener = Callable[[str], IO[bytes]]  # sha256 -> a readable, seekable stream
 STREAM_BUFFER = 1 << 16  # a stream's read buffer (a smaller file's size, if less)
@@ -239,7 +240,7 @@ class _StoreStream(io.RawIOBase):
     def readinto(self, buffer: Any) -> int:
         try:
             data = self._inner.read(len(buffer))
-        except VianoError as exc:
+        except StorageError as exc:  # not an import's own refusals (input_changed)
             raise self._view.unreadable(self._path, exc) from exc
         buffer[: len(data)] = data
         return len(data)
@@ -255,6 +256,21 @@ class _StoreStream(io.RawIOBase):
             self._inner.close()
         finally:
             super().close()
+
+
+def store_errors_first(view_for: Callable[[Callable[[VianoError], None]], PackageView],
+                       make: Callable[[PackageView], R]) -> R:
+    """``make`` on the view ``view_for`` builds (given the fault callback); a failure of a
+    run in which the store failed a read is the store's error (``store_corrupt``,
+    ``store_unavailable``), not what the unreadable file led to (``unsupported_history``,
+    ``interpretation_mismatch``), which would send a person the wrong way."""
+    faults: list[VianoError] = []
+    try:
+        return make(view_for(faults.append))
+    except (VianoError, HistoryProblem) as exc:
+        if faults and faults[0] is not exc:
+            raise faults[0] from exc
+        raise
 
 
 def remember_written(change: Change) -> Change:

@@ -221,7 +221,13 @@ class VerifyingReader(io.RawIOBase):
         return True
 
     def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
-        data = self.inner.read(len(b))
+        try:
+            data = self.inner.read(len(b))
+        except OSError as exc:  # a disk or mount that fails: the store's, not the caller's
+            raise StorageError(f"blob {self.sha256} cannot be read: {exc.strerror or exc}",
+                               reason="store_unavailable",
+                               hint="Check the disk or mount the store is on, then run "
+                                    "again; 'viano verify' checks every blob.") from exc
         b[: len(data)] = data
         if self.hash is not None:
             self.hash.update(data)

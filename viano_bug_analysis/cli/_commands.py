@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from engine import Config, PackageView, report_document, report_markdown
+from engine import Config, PackageView, report_document, report_markdown, store_errors_first
 
 from ._batch_commands import cmd_batch, cmd_daemon, cmd_run
 from ._context import reading
@@ -30,9 +30,10 @@ Command = Callable[[argparse.Namespace, Output, Config], int]
 def cmd_report(args: argparse.Namespace, out: Output, config: Config) -> int:
     with reading(args, config) as store:
         ref = store.case(args.case)
-        view = PackageView(store.manifest(ref.package_id, ref.generation), store.read_blob,
-                           store.open_blob)
-        doc = report_document(view, args.revision)
+        manifest = store.manifest(ref.package_id, ref.generation)
+        doc = store_errors_first(  # a damaged file is store_corrupt, not the history's
+            lambda on_fault: PackageView(manifest, store.read_blob, store.open_blob, on_fault),
+            lambda view: report_document(view, args.revision))
     if out.as_json or args.format == "json":
         out.document(doc)
     else:

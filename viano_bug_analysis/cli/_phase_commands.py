@@ -39,6 +39,7 @@ from engine import (
     person,
     policy_like,
     reopen_change,
+    store_errors_first,
     terminal_safe,
     unblock_change,
 )
@@ -129,8 +130,9 @@ def _operation(args: argparse.Namespace, config: Config, out: Output,
             if snap is not None:
                 return snap.manifest, True, None
             head = (await store.head(args.case))[1]
-            view = PackageView(head.manifest, store.store.read_blob)
-            said = None if already is None else await store.run_sync(already, view)
+            said = None if already is None else await store.run_sync(
+                store_errors_first, lambda on_fault: PackageView(
+                    head.manifest, store.store.read_blob, None, on_fault), already)
             return head.manifest, False, said
 
     return one_change(out, go, lambda done: (done.manifest, True, None))

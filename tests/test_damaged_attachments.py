@@ -84,6 +84,19 @@ timeout_s = 30
     return cfg
 
 
+def _taken_in(store: Path, tmp: Path, kind: str, case_id: str) -> bytes:
+    """``case_id`` taken in by the CLI with an attachment of ``kind``; its bytes."""
+    name, role, make = KINDS[kind]
+    data = make()
+    report = tmp / "report.txt"
+    report.write_text("The worker crashes\nIt loses its queue connection and exits.\n")
+    (tmp / name).write_bytes(data)
+    r = run_viano("intake", "--store", store, "--report", report, "--case-id", case_id,
+                  "--attach", f"{role}={tmp / name}")
+    assert r.returncode == 0, r.stderr
+    return data
+
+
 def _damage(store: Path, sha256: str, data: bytes) -> None:
     """The stored bytes of ``sha256`` with ``ERROR`` in its first line turned into
     ``FIXED`` (same size): a head read sees the change, only a whole read finds it."""
@@ -101,15 +114,7 @@ def _damage(store: Path, sha256: str, data: bytes) -> None:
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_a_damaged_attachment_stops_the_case_before_any_call(
         tmp_path: Path, kind: str) -> None:
-    name, role, make = KINDS[kind]
-    data = make()
-    report = tmp_path / "report.txt"
-    report.write_text("The worker crashes\nIt loses its queue connection and exits.\n")
-    (tmp_path / name).write_bytes(data)
-    store = tmp_path / "s"
-    r = run_viano("intake", "--store", store, "--report", report, "--case-id", "A-1",
-                  "--attach", f"{role}={tmp_path / name}")
-    assert r.returncode == 0, r.stderr
+    store, data = tmp_path / "s", _taken_in(tmp_path / "s", tmp_path, kind, "A-1")
     shown = json.loads(run_viano("show", "--store", store, "A-1", "--json").stdout)
     stored = [v for p, v in shown["files"].items() if p.startswith("inputs/")
               and v["size"] == len(data)]
@@ -135,16 +140,10 @@ def test_a_damaged_attachment_stops_the_case_before_any_call(
 def test_an_undamaged_attachment_is_excerpted(tmp_path: Path) -> None:
     """The same cases undamaged complete, their excerpts taken (the check above is the
     damage, not the reading)."""
-    report = tmp_path / "report.txt"
-    report.write_text("The worker crashes\nIt loses its queue connection and exits.\n")
     store = tmp_path / "s"
-    ids = []
-    for i, (name, role, make) in enumerate(KINDS.values()):
-        (tmp_path / name).write_bytes(make())
-        ids.append(f"B-{i}")
-        r = run_viano("intake", "--store", store, "--report", report, "--case-id", ids[-1],
-                      "--attach", f"{role}={tmp_path / name}")
-        assert r.returncode == 0, r.stderr
+    ids = [f"B-{i}" for i in range(len(KINDS))]
+    for case_id, kind in zip(ids, KINDS, strict=True):
+        _taken_in(store, tmp_path, kind, case_id)
     provider = Provider(tmp_path, write_generic_answers(tmp_path / "answers"))
     try:
         env = child_env(VIANO_CONFIG=str(_config(tmp_path, provider.port)), VIANO_KEY=KEY)
@@ -171,14 +170,7 @@ def _interpreted(tmp_path: Path, kind: str) -> tuple[Path, dict[str, Any], bytes
                                                      dict[str, str]]:
     """A case with the ``kind`` attachment taken in and interpreted (awaiting its
     confirmation); its ``show --json`` before, the attachment's bytes, the provider."""
-    name, role, make = KINDS[kind]
-    data = make()
-    report = tmp_path / "report.txt"
-    report.write_text("The worker crashes\nIt loses its queue connection and exits.\n")
-    (tmp_path / name).write_bytes(data)
-    store = tmp_path / "s"
-    assert run_viano("intake", "--store", store, "--report", report, "--case-id", "C-1",
-                     "--attach", f"{role}={tmp_path / name}").returncode == 0
+    store, data = tmp_path / "s", _taken_in(tmp_path / "s", tmp_path, kind, "C-1")
     provider = Provider(tmp_path, write_generic_answers(tmp_path / "answers"))
     cfg = _config(tmp_path, provider.port)
     cfg.write_text(cfg.read_text().replace("auto_confirm = true", "auto_confirm = false"))
@@ -256,14 +248,7 @@ def test_a_disk_that_fails_under_an_attachment_is_store_unavailable(
     from engine._phases._interpretation import interpretation_policy
     from engine._store._blobs import verified_stream
 
-    name, role, make = KINDS[kind]
-    data = make()
-    report = tmp_path / "report.txt"
-    report.write_text("The worker crashes\nIt loses its queue connection and exits.\n")
-    (tmp_path / name).write_bytes(data)
-    store = tmp_path / "s"
-    assert run_viano("intake", "--store", store, "--report", report, "--case-id", "E-1",
-                     "--attach", f"{role}={tmp_path / name}").returncode == 0
+    store, data = tmp_path / "s", _taken_in(tmp_path / "s", tmp_path, kind, "E-1")
     ro = open_ro(store)
     try:
         ref = ro.case("E-1")

@@ -13,7 +13,7 @@ from .._canonical import sha256_hex
 from .._config import IntakeLimits
 from .._errors import ArchiveRejected, InvalidCaseId, ReportRejected
 from .._intake import TextSource, converted, member_heads, parse_report
-from ._view import STREAM_BUFFER, HistoryProblem, PackageView
+from ._view import HistoryProblem, PackageView
 
 HUMAN_KINDS = ("report", "comment", "observation")
 TEXT_TYPES = ("text/", "application/json", "application/toml", "application/yaml",
@@ -200,11 +200,7 @@ def _read_heads(view: PackageView, plan: list[tuple[Mapping[str, Any], int]],
             continue
         member = origin.get("member")
         if member is None:
-            with view.open(name) as f:
-                head = f.read(want)
-                while f.read(STREAM_BUFFER):  # to the end, where the stream checks it
-                    pass
-            out[str(s["source_id"])] = head
+            out[str(s["source_id"])] = view.read_head(name, want)
         else:
             by_input.setdefault(name, {})[str(member)] = (str(s["source_id"]), want)
     for name, members in by_input.items():
@@ -212,7 +208,7 @@ def _read_heads(view: PackageView, plan: list[tuple[Mapping[str, Any], int]],
         entry = view.manifest.files[name]
         if kind not in ("zip", "tar", "tar.gz"):
             continue
-        view.check(name)  # the whole archive, before a head of it is used
+        view.read_head(name, 0)  # the whole archive checked, before a head of it is used
         def opener(n: str = name) -> IO[bytes]:
             return view.open(n)
 

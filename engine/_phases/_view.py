@@ -187,13 +187,16 @@ class PackageView:
         return io.BufferedReader(_StoreStream(stream, path, self),
                                  buffer_size=max(1, min(entry.size, STREAM_BUFFER)))
 
-    def check(self, path: str) -> None:
-        """Read ``path`` to its end through the store's stream, which checks it against its
-        sha256: a damaged blob is a :class:`HistoryProblem` here, before any of its bytes
-        are used (a head read alone never reaches the check)."""
+    def read_head(self, path: str, want: int) -> bytes:
+        """The first ``want`` bytes of ``path``, read on to its end through the store's
+        stream, which checks it against its sha256: a damaged blob is a
+        :class:`HistoryProblem` here, before any of its bytes are used (a head read alone
+        never reaches the check)."""
         with self.open(path) as f:
+            head = f.read(want)
             while f.read(STREAM_BUFFER):
                 pass
+        return head
 
     def unreadable(self, path: str, exc: VianoError) -> HistoryProblem:
         """The :class:`HistoryProblem` a store error on a read of ``path`` is (the view's

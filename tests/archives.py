@@ -84,6 +84,19 @@ def zip_encrypted_flag(path: Path) -> Path:
     return path
 
 
+def zip_unknown_method(path: Path) -> Path:
+    """A member compressed with a method zipfile does not implement (97, WavPack): reading
+    it raises NotImplementedError."""
+    zip_with(path, [("sound.log", b"x" * 100)], compression=zipfile.ZIP_STORED)
+    raw = bytearray(path.read_bytes())
+    # The method: offset 8 of the local header, offset 10 of the central header.
+    raw[8] = 97
+    central = raw.rfind(b"PK\x01\x02")
+    raw[central + 10] = 97
+    path.write_bytes(bytes(raw))
+    return path
+
+
 def zip_lying_size(path: Path) -> Path:
     """The central directory declares a smaller size than the member really inflates to."""
     zip_with(path, [("big.log", b"A" * 5000)], compression=zipfile.ZIP_DEFLATED)

@@ -60,6 +60,7 @@ ARCHIVES: dict[str, tuple[str, Builder]] = {
     "duplicate after NFC": ("duplicate_archive_member", lambda p: A.zip_with(
         p, [("caf\u00e9.log", b"1"), ("cafe\u0301.log", b"2")])),
     "encrypted member": ("encrypted_archive_member", A.zip_encrypted_flag),
+    "unknown compression method": ("unsupported_archive", A.zip_unknown_method),
     "too many members": ("limit_exceeded", lambda p: A.zip_with(
         p, [(f"m{i}.txt", b"x") for i in range(51)])),
     "too many members, one declared": ("limit_exceeded", lambda p: A.zip_lying_count(p, 51)),

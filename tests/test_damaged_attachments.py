@@ -62,6 +62,7 @@ KINDS: dict[str, tuple[str, str, Callable[[], bytes]]] = {
     "inline text": ("app.log", "attachment", lambda: _log(4_000)),
     "blob-file text": ("big.log", "attachment", lambda: _log(600_000)),
     "zip member": ("diag.zip", "diagnostics", lambda: _zip(_log(4_000))),
+    "blob-file zip member": ("big.zip", "diagnostics", lambda: _zip(_log(600_000))),
     "tar member": ("diag.tar", "diagnostics", lambda: _tar(_log(300_000))),
 }
 
@@ -270,3 +271,57 @@ def test_a_disk_that_fails_under_an_attachment_is_store_unavailable(
     finally:
         ro.close()
     assert [f.reason for f in faults] == ["store_unavailable"]
+
+
+@pytest.mark.parametrize("kind", ["zip member", "blob-file zip member", "tar member"])
+def test_an_archive_damaged_after_its_check_is_the_store_s_damage(
+        tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An archive is checked whole before its members' heads are read, and those heads
+    come from a second open with seeks, which has no sha256 check of its own. Bytes damaged
+    between the two reads (here: every open after the first gives the damaged bytes) went
+    into the context (a tar member's head) or made it an 'unreadable' excerpt (a zip
+    member's CRC); now each chunk read is compared with what was checked: store_corrupt,
+    and no context."""
+    import engine._phases._view as view_module
+    from engine import INTERPRETATION, InterpretationPolicy, PackageView, VianoError
+    from engine._phases import HistoryProblem
+    from engine._phases._interpretation import interpretation_policy
+    from engine._store._blobs import verified_stream
+
+    store, data = tmp_path / "s", _taken_in(tmp_path / "s", tmp_path, kind, "R-1")
+    at = data.index(LINE) + 10 * len(LINE)  # inside the member's first bytes
+    damaged = data[:at] + b"X" * len(LINE) + data[at + len(LINE):]
+    assert len(damaged) == len(data)
+    ro = open_ro(store)
+    try:
+        ref = ro.case("R-1")
+        manifest = ro.manifest(ref.package_id, ref.generation)
+        [sha] = [e.sha256 for p, e in manifest.files.items() if p.startswith("inputs/")
+                 and e.size == len(data)]
+        opens: list[str] = []
+
+        def opener(digest: str) -> Any:
+            if digest != sha:
+                return ro.open_blob(digest)
+            opens.append(digest)
+            now = data if len(opens) == 1 else damaged
+            return verified_stream(io.BytesIO(now), sha, len(data))
+
+        faults: list[VianoError] = []
+        view = PackageView(manifest, ro.read_blob, opener, faults.append)
+        monkeypatch.setattr(view_module, "DOCUMENTS", view_module._Documents())
+        policy = interpretation_policy(InterpretationPolicy())
+        with pytest.raises(HistoryProblem, match="is damaged"):
+            INTERPRETATION.context(view, policy, 1)
+        assert len(opens) >= 2  # the check, then the members' reads
+        # The same view over bytes that stay as checked gives the member's head.
+        opens.clear()
+        damaged = data
+        view = PackageView(manifest, ro.read_blob, opener, faults.append)
+        context = INTERPRETATION.context(view, policy, 1)
+    finally:
+        ro.close()
+    assert [f.reason for f in faults] == ["store_corrupt"]
+    assert isinstance(context, bytes)
+    [excerpt] = json.loads(context)["untrusted_case_data"]["excerpts"]
+    assert excerpt["text"].startswith(LINE.decode() * 20), excerpt

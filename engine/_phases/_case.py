@@ -5,7 +5,7 @@ catalogue's hashes) and bounded, deterministic excerpts of textual attachments."
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import IO, Any
+from typing import Any
 
 import attrs
 
@@ -187,7 +187,9 @@ def _read_heads(view: PackageView, plan: list[tuple[Mapping[str, Any], int]],
     """The heads the plan asks for. Every stored input they come from is read to its end
     first or with them, so the store checks it against its sha256: a head alone would
     reach no check, and damaged bytes would be pinned in the context (a damaged input
-    is a HistoryProblem; the case actor names the store's reason)."""
+    is a HistoryProblem; the case actor names the store's reason). An archive's member
+    heads are read through a checked opener: bytes that changed after its check are
+    that damage too."""
     by_input: dict[str, dict[str, tuple[str, int]]] = {}
     out: dict[str, bytes] = {}
     for s, want in plan:
@@ -208,12 +210,8 @@ def _read_heads(view: PackageView, plan: list[tuple[Mapping[str, Any], int]],
         entry = view.manifest.files[name]
         if kind not in ("zip", "tar", "tar.gz"):
             continue
-        view.read_head(name, 0)  # the whole archive checked, before a head of it is used
-        def opener(n: str = name) -> IO[bytes]:
-            return view.open(n)
-
         try:
-            heads = member_heads(opener, entry.size, str(kind),
+            heads = member_heads(view.checked_opener(name), entry.size, str(kind),
                                  {m: w for m, (_, w) in members.items()}, IntakeLimits(),
                                  name)
         except ArchiveRejected:

@@ -9,6 +9,7 @@ into ``unsupported_history`` rather than an internal error.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import threading
 from collections import OrderedDict
@@ -27,6 +28,9 @@ R = TypeVar("R")
 _UNPARSED: Any = object()
 Opener = Callable[[str], IO[bytes]]  # sha256 -> a readable, seekable stream
 STREAM_BUFFER = 1 << 16  # a stream's read buffer (a smaller file's size, if less)
+# What a checked opener (PackageView.checked_opener) re-checks at a time: a digest of each
+# is kept (16 bytes per 256 KiB, 64 KiB for a 1 GiB archive), and one chunk is held.
+CHECK_CHUNK = 1 << 18
 
 
 class _Documents:
@@ -198,6 +202,25 @@ class PackageView:
                 pass
         return head
 
+    def checked_opener(self, path: str) -> Callable[[], IO[bytes]]:
+        """An opener of ``path`` for random access (an archive's members), every byte of
+        which is the checked blob's: the file is read here to its end through the store's
+        sha256 check, keeping a digest of each :data:`CHECK_CHUNK`; each stream the opener
+        gives reads whole chunks and compares each with its digest. Bytes that changed
+        after the check are the store's damage (``store_corrupt``, a
+        :class:`HistoryProblem`), never used: a second open with seeks has no sha256 check
+        of its own, and damage between the two reads would have reached the context."""
+        digests = []
+        with self.open(path) as f:
+            while chunk := f.read(CHECK_CHUNK):
+                digests.append(_chunk_digest(chunk))
+        size = self.manifest.files[path].size
+
+        def opener() -> IO[bytes]:
+            return _Rechecked(self, path, size, digests)
+
+        return opener
+
     def unreadable(self, path: str, exc: VianoError) -> HistoryProblem:
         """The :class:`HistoryProblem` a store error on a read of ``path`` is (the view's
         ``on_fault`` is told of the error first)."""
@@ -253,6 +276,63 @@ class _StoreStream(io.RawIOBase):
 
     def tell(self) -> int:
         return self._inner.tell()
+
+    def close(self) -> None:
+        try:
+            self._inner.close()
+        finally:
+            super().close()
+
+
+def _chunk_digest(chunk: bytes) -> bytes:
+    return hashlib.blake2b(chunk, digest_size=16).digest()
+
+
+class _Rechecked(io.RawIOBase):
+    """A seekable stream of one file of a view whose every chunk is compared with the
+    digest taken when the file was checked (:meth:`PackageView.checked_opener`)."""
+
+    def __init__(self, view: PackageView, path: str, size: int, digests: list[bytes]):
+        super().__init__()
+        self._view, self._path, self._size, self._digests = view, path, size, digests
+        self._inner = view.open(path)
+        self._at = 0
+        self._index = -1
+        self._chunk = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._at >= self._size or not len(buffer):
+            return 0
+        index, offset = divmod(self._at, CHECK_CHUNK)
+        if index != self._index:
+            self._inner.seek(index * CHECK_CHUNK)
+            chunk = self._inner.read(CHECK_CHUNK)
+            if index >= len(self._digests) or _chunk_digest(chunk) != self._digests[index]:
+                sha = self._view.sha(self._path)
+                raise self._view.unreadable(self._path, StorageError(
+                    f"blob {sha} is damaged: its bytes changed after they were checked",
+                    reason="store_corrupt"))
+            self._index, self._chunk = index, chunk
+        data = self._chunk[offset:offset + len(buffer)]
+        buffer[: len(data)] = data
+        self._at += len(data)
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: self._size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self._at = base + offset
+        return self._at
+
+    def tell(self) -> int:
+        return self._at
 
     def close(self) -> None:
         try:

@@ -43,7 +43,6 @@ from engine import (
     Finish,
     HistoryProblem,
     Judge,
-    Manifest,
     PackageView,
     PhaseRefused,
     PhaseSpec,
@@ -58,6 +57,7 @@ from engine import (
     judge_change,
     load_state,
     prompt_for,
+    reading_bound,
     round_change,
     running,
     store_errors_first,
@@ -68,10 +68,11 @@ from ._gateway_pool import GatewayHandle
 from ._store_handle import Snapshot, StoreHandle
 
 MAX_STEPS = 16
-# A case whose files add up to more is planned on a worker thread, also on SQLite: a plan
-# derives the case's context, which reads every attachment it excerpts to its end (the
-# store's hash check), ~2 ms per MiB here, and inline that would hold every other case's
-# event loop for as long.
+# A case whose files add up to more (engine.reading_bound: a tar counted at what it may
+# expand to) is planned on a worker thread, also on SQLite: a plan derives the case's
+# context, which reads every attachment it excerpts to its end (the store's hash check),
+# ~2 ms per MiB here, and inflates a compressed tar up to its members' heads; inline that
+# would hold every other case's event loop for as long.
 INLINE_PLAN_BYTES = 4 << 20
 R = TypeVar("R")
 log = logging.getLogger("viano.events")
@@ -228,13 +229,13 @@ class _Dispatch:
                                    hint="Pass the package_id from the case's manifest "
                                         "('viano show CASE').")
             snap, status = Snapshot(store, manifest), ref.status
-            if local and not store.store.reads_block and _stored_bytes(manifest) > \
-                    INLINE_PLAN_BYTES:
-                self._big, self._committed = True, (snap, status)
-                return None
         self._last = snap
         self._store_fault = None
         view = view_of(snap, self._fault)
+        if local and committed is None and not store.store.reads_block and \
+                reading_bound(view) > INLINE_PLAN_BYTES:
+            self._big, self._committed = True, (snap, status)
+            return None
         step = decide(load_state(self.spec, view, status, self.request), self.request, now)
         work: Any = None
         if isinstance(step, Enter):
@@ -323,10 +324,6 @@ class _Dispatch:
                        "package_generation": m.package_generation, "step": step,
                        "status": status.status, "reason": status.reason,
                        "round": status.round, **extra})
-
-
-def _stored_bytes(manifest: Manifest) -> int:
-    return sum(entry.size for entry in manifest.files.values())
 
 
 def view_of(snap: Snapshot, on_fault: Callable[[VianoError], None] | None = None

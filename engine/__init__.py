@@ -127,6 +127,7 @@ from ._phases import phase_dir as phase_dir
 from ._phases import policy_like as policy_like
 from ._phases import prompt_for as prompt_for
 from ._phases import provider_statistics as provider_statistics
+from ._phases import reading_bound as reading_bound
 from ._phases import reopen_change as reopen_change
 from ._phases import report_document as report_document
 from ._phases import report_markdown as report_markdown

@@ -5,7 +5,9 @@ cancellation at every await, and crash points."""
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -714,15 +716,29 @@ class TestABigCaseIsPlannedOffTheLoop:
         report.write_text("The worker crashes\nIt loses its queue connection.\n")
         async with services(tmp_path / "s", [http_provider("p1", "openai",
                                                            server.openai_url)]) as sv:
-            for case_id, size in (("SMALL-1", 10_000), ("BIG-1", INLINE_PLAN_BYTES + 1)):
+            # A tar.gz far smaller than the bound when stored, which a plan inflates up to
+            # its member's head (up to 200 times its size within the limits).
+            member = b"".join(b"%08x ERROR lost the queue\n" % (i * 2654435761 % 2**32)
+                              for i in range(60_000))
+            packed = io.BytesIO()
+            with tarfile.open(fileobj=packed, mode="w:gz") as tar:
+                info = tarfile.TarInfo("logs/app.log")
+                info.size = len(member)
+                tar.addfile(info, io.BytesIO(member))
+            gz = tmp_path / "diag.tar.gz"
+            gz.write_bytes(packed.getvalue())
+            assert 200 * gz.stat().st_size > INLINE_PLAN_BYTES > 4 * gz.stat().st_size
+            for case_id, size in (("SMALL-1", 10_000), ("BIG-1", INLINE_PLAN_BYTES + 1),
+                                  ("GZ-1", 0)):
                 log = tmp_path / f"{case_id}.log"
                 log.write_bytes(b"ERROR lost the queue\n" * (size // 21 + 1))
+                attached = [Attachment("diagnostics", gz)] if size == 0 else \
+                    [Attachment("attachment", log)]
                 await sv.store.intake(prepare_intake(
-                    report, [Attachment("attachment", log)], case_id=case_id,
-                    limits=IntakeLimits()))
+                    report, attached, case_id=case_id, limits=IntakeLimits()))
                 # (the fixture's answer cites the sample case's sources: it is rejected)
                 result = await dispatch_phase(sv, INTERPRETATION, case_id,
                                               interpretation_request())
                 assert result.package_generation > 1  # entered: its context derived
             inline = not sv.store.store.reads_block
-        assert on_loop == {"SMALL-1": inline, "BIG-1": False}
+        assert on_loop == {"SMALL-1": inline, "BIG-1": False, "GZ-1": False}

@@ -58,7 +58,7 @@ ENGINE_API = [
     "markdown_inert_block", "markdown_inline", "new_package_id", "no_answer_status",
     "normalized", "open_backend", "open_regular", "parse_contracted_json", "person",
     "phase_dir", "plan_batch", "policy_like",
-    "prepare_intake", "prompt_for", "provider_statistics", "read_export",
+    "prepare_intake", "prompt_for", "provider_statistics", "read_export", "reading_bound",
     "remove_log_filter", "reopen_change", "report_document", "report_markdown",
     "reserve_documents",
     "retry_after_seconds",

@@ -13,6 +13,7 @@ from .._store import BlobSource, Manifest, PackageCheck, Store
 from .._store._blobs import verified_stream
 from .._store._sources import read_verified
 from . import _hypotheses, _interpretation
+from ._case import reading_bound as reading_bound
 from ._history import history_problems as history_problems
 from ._history import pointer_problems, stray_revisions
 from ._hypotheses import HypothesesSpec as HypothesesSpec

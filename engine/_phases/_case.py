@@ -182,6 +182,28 @@ def _order(case: CaseRecord, source_id: str) -> int:
     return next(i for i, s in enumerate(case.sources) if s["source_id"] == source_id)
 
 
+def reading_bound(view: PackageView) -> int:
+    """At most what deriving the case's context reads or expands: its files' stored bytes,
+    and for each tar input what the limits let it expand to (a compressed one is
+    decompressed up to its members' heads; a plain one is counted so too, since the scan
+    sniffs for gzip whatever the record says). A small ``tar.gz`` can be 200 times its
+    stored size: counting stored bytes alone, it was planned on the event loop."""
+    files = view.manifest.files
+    total = sum(entry.size for entry in files.values())
+    path = view.manifest.pointers.get("intake")
+    if path is None or path not in files:
+        return total
+    inputs = view.read_object(path).get("inputs")
+    limits = IntakeLimits()
+    for i in inputs if isinstance(inputs, list) else []:
+        name = i.get("input") if isinstance(i, dict) else None
+        entry = files.get(name) if isinstance(name, str) else None
+        if entry is not None and i.get("archive") in ("tar", "tar.gz"):
+            total += min(limits.max_total_bytes,
+                         int(entry.size * limits.max_compression_ratio))
+    return total
+
+
 def _read_heads(view: PackageView, plan: list[tuple[Mapping[str, Any], int]],
                 kinds: Mapping[Any, Any], texts: ReportTexts) -> dict[str, bytes]:
     """The heads the plan asks for. Every stored input they come from is read to its end

@@ -217,7 +217,8 @@ class PackageView:
         size = self.manifest.files[path].size
 
         def opener() -> IO[bytes]:
-            return _Rechecked(self, path, size, digests)
+            return io.BufferedReader(_Rechecked(self, path, size, digests),
+                                     buffer_size=STREAM_BUFFER)
 
         return opener
 

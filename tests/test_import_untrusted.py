@@ -5,6 +5,7 @@ the same rules hold for what `verify` reads from the store, and `log` shows a re
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import zipfile
 from collections.abc import Callable
@@ -591,6 +592,49 @@ class TestAnExportThatChangesWhileRead(TestPhaseHistories):
             assert exc.reason == "input_changed", exc
         else:
             assert problems, "a history whose blobs cannot be read passed the checks"
+
+
+    def test_an_archive_whose_stream_fails_is_input_changed_not_a_history_problem(
+            self, cli: Cli, sample: Path, tmp_path: Path,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        """Only the stream of the case's archive fails (the zip replaced after its other
+        blobs were read whole): import refuses with input_changed. The view turned every
+        error a stream raised into a history problem, so an export changing under import
+        read as an invalid history (a problem named: invalid_export), whose step is wrong."""
+        import engine._phases._history as history
+        import engine._phases._memo as memo
+        import engine._phases._view as view
+        from engine import ImportRejected, IntakeLimits
+        from engine._phases import import_problems
+        from engine._portable import read_export_structure
+
+        request = read_export_structure(self._analysed(cli, sample, tmp_path),
+                                        IntakeLimits())
+        [manifest] = [m for m in request.manifests if m.package_generation == 1]
+        archive = manifest.files["inputs/wowdiag.zip"].sha256
+
+        class Failing(io.RawIOBase):
+            def readable(self) -> bool:
+                return True
+
+            def readinto(self, b: Any) -> int:
+                raise OSError(5, "Input/output error")
+
+        class Replaced:
+            def __init__(self, source: Any):
+                self.sha256, self.size = source.sha256, source.size
+
+            def open(self) -> Any:
+                return Failing()
+
+        blobs: dict[str, Any] = dict(request.blobs)
+        blobs[archive] = Replaced(blobs[archive])
+        monkeypatch.setattr(view, "DOCUMENTS", view._Documents())
+        # Nothing derived before (the export, in this process) may answer from memory.
+        monkeypatch.setattr(history, "MEMO", memo._Memo())
+        with pytest.raises(ImportRejected) as caught:
+            import_problems(request.manifests, blobs)
+        assert caught.value.reason == "input_changed", caught.value
 
 
 def _not_a_file(kind: str, tmp: Path) -> tuple[Path, str]:

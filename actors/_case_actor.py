@@ -233,7 +233,7 @@ class _Dispatch:
         self._store_fault = None
         view = view_of(snap, self._fault)
         if local and committed is None and not store.store.reads_block and \
-                reading_bound(view) > INLINE_PLAN_BYTES:
+                reading_bound(view, INLINE_PLAN_BYTES) > INLINE_PLAN_BYTES:
             self._big, self._committed = True, (snap, status)
             return None
         step = decide(load_state(self.spec, view, status, self.request), self.request, now)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -728,11 +729,18 @@ class TestABigCaseIsPlannedOffTheLoop:
             gz = tmp_path / "diag.tar.gz"
             gz.write_bytes(packed.getvalue())
             assert 200 * gz.stat().st_size > INLINE_PLAN_BYTES > 4 * gz.stat().st_size
+            # A small zip of many members, each a chunk's read of it when they are
+            # excerpted (their reads may jump between its parts).
+            zipped = tmp_path / "many.zip"
+            with zipfile.ZipFile(zipped, "w") as z:
+                for i in range(100):
+                    z.writestr(f"logs/{i:03d}.log", b"ERROR lost the queue\n")
             for case_id, size in (("SMALL-1", 10_000), ("BIG-1", INLINE_PLAN_BYTES + 1),
-                                  ("GZ-1", 0)):
+                                  ("GZ-1", 0), ("ZIP-1", -1)):
                 log = tmp_path / f"{case_id}.log"
                 log.write_bytes(b"ERROR lost the queue\n" * (size // 21 + 1))
                 attached = [Attachment("diagnostics", gz)] if size == 0 else \
+                    [Attachment("diagnostics", zipped)] if size < 0 else \
                     [Attachment("attachment", log)]
                 await sv.store.intake(prepare_intake(
                     report, attached, case_id=case_id, limits=IntakeLimits()))
@@ -741,4 +749,4 @@ class TestABigCaseIsPlannedOffTheLoop:
                                               interpretation_request())
                 assert result.package_generation > 1  # entered: its context derived
             inline = not sv.store.store.reads_block
-        assert on_loop == {"SMALL-1": inline, "BIG-1": False, "GZ-1": False}
+        assert on_loop == {"SMALL-1": inline, "BIG-1": False, "GZ-1": False, "ZIP-1": False}

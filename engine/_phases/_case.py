@@ -13,7 +13,7 @@ from .._canonical import sha256_hex
 from .._config import IntakeLimits
 from .._errors import ArchiveRejected, InvalidCaseId, ReportRejected
 from .._intake import TextSource, converted, member_heads, parse_report
-from ._view import HistoryProblem, PackageView
+from ._view import CHECK_CHUNK, HistoryProblem, PackageView
 
 HUMAN_KINDS = ("report", "comment", "observation")
 TEXT_TYPES = ("text/", "application/json", "application/toml", "application/yaml",
@@ -182,25 +182,33 @@ def _order(case: CaseRecord, source_id: str) -> int:
     return next(i for i, s in enumerate(case.sources) if s["source_id"] == source_id)
 
 
-def reading_bound(view: PackageView) -> int:
-    """At most what deriving the case's context reads or expands: its files' stored bytes,
-    and for each tar input what the limits let it expand to (a compressed one is
-    decompressed up to its members' heads; a plain one is counted so too, since the scan
-    sniffs for gzip whatever the record says). A small ``tar.gz`` can be 200 times its
-    stored size: counting stored bytes alone, it was planned on the event loop."""
+def reading_bound(view: PackageView, limit: int) -> int:
+    """At most what deriving the case's context reads or expands, counted until it is over
+    ``limit``: its files' stored bytes; for each tar input, what the limits let it expand
+    to (a compressed one is inflated up to its members' heads; a plain one is counted so
+    too, since the scan sniffs for gzip whatever the record says); for each zip input, a
+    checked chunk per member (its members' reads jump between parts of it). A small
+    ``tar.gz`` can be 200 times its stored size, and a zip of many small members costs
+    a chunk read each: counting stored bytes alone, such a case was planned on the event
+    loop. The intake record is read only when the stored bytes are under ``limit``."""
     files = view.manifest.files
     total = sum(entry.size for entry in files.values())
     path = view.manifest.pointers.get("intake")
-    if path is None or path not in files:
+    if total > limit or path is None or path not in files:
         return total
     inputs = view.read_object(path).get("inputs")
     limits = IntakeLimits()
     for i in inputs if isinstance(inputs, list) else []:
         name = i.get("input") if isinstance(i, dict) else None
         entry = files.get(name) if isinstance(name, str) else None
-        if entry is not None and i.get("archive") in ("tar", "tar.gz"):
-            total += min(limits.max_total_bytes,
-                         int(entry.size * limits.max_compression_ratio))
+        if entry is None:
+            continue
+        kind, members = i.get("archive"), i.get("members")
+        if kind in ("tar", "tar.gz"):
+            total += int(min(limits.max_total_bytes, entry.size * limits.max_compression_ratio))
+        elif kind == "zip":
+            count = members if type(members) is int and members > 0 else limits.max_members
+            total += min(count, limits.max_members) * CHECK_CHUNK
     return total
 
 

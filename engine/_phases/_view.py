@@ -29,8 +29,12 @@ _UNPARSED: Any = object()
 Opener = Callable[[str], IO[bytes]]  # sha256 -> a readable, seekable stream
 STREAM_BUFFER = 1 << 16  # a stream's read buffer (a smaller file's size, if less)
 # What a checked opener (PackageView.checked_opener) re-checks at a time: a digest of each
-# is kept (16 bytes per 256 KiB, 64 KiB for a 1 GiB archive), and one chunk is held.
-CHECK_CHUNK = 1 << 18
+# is kept (16 bytes per 64 KiB, 256 KiB for a 1 GiB archive), and the last CHECKED_HELD
+# chunks read are held, shared by the opener's streams (a zip's members in directory order
+# jump between parts of the archive; one chunk held read each again at every jump).
+CHECK_CHUNK = 1 << 16
+CHECKED_HELD = 16
+_DIGEST = 16
 
 
 class _Documents:
@@ -210,17 +214,8 @@ class PackageView:
         after the check are the store's damage (``store_corrupt``, a
         :class:`HistoryProblem`), never used: a second open with seeks has no sha256 check
         of its own, and damage between the two reads would have reached the context."""
-        digests = []
-        with self.open(path) as f:
-            while chunk := f.read(CHECK_CHUNK):
-                digests.append(_chunk_digest(chunk))
-        size = self.manifest.files[path].size
-
-        def opener() -> IO[bytes]:
-            return io.BufferedReader(_Rechecked(self, path, size, digests),
-                                     buffer_size=STREAM_BUFFER)
-
-        return opener
+        chunks = _CheckedChunks(self, path)
+        return lambda: io.BufferedReader(_Rechecked(chunks), buffer_size=STREAM_BUFFER)
 
     def unreadable(self, path: str, exc: VianoError) -> HistoryProblem:
         """The :class:`HistoryProblem` a store error on a read of ``path`` is (the view's
@@ -286,20 +281,58 @@ class _StoreStream(io.RawIOBase):
 
 
 def _chunk_digest(chunk: bytes) -> bytes:
-    return hashlib.blake2b(chunk, digest_size=16).digest()
+    return hashlib.blake2b(chunk, digest_size=_DIGEST).digest()
+
+
+class _CheckedChunks:
+    """One file of a view read once through the store's check, a digest kept per chunk;
+    :meth:`get` gives a chunk again only as it was then (the last few held, the rest read
+    again and compared)."""
+
+    def __init__(self, view: PackageView, path: str):
+        self.view, self.path = view, path
+        self.size = view.manifest.files[path].size
+        digests = bytearray()
+        with view.open(path) as f:
+            while chunk := f.read(CHECK_CHUNK):
+                digests += _chunk_digest(chunk)
+        self._digests = bytes(digests)
+        self._held: OrderedDict[int, bytes] = OrderedDict()
+        self._inner: IO[bytes] | None = None
+
+    def get(self, index: int) -> bytes:
+        chunk = self._held.get(index)
+        if chunk is not None:
+            self._held.move_to_end(index)
+            return chunk
+        if self._inner is None:
+            self._inner = self.view.open(self.path)
+        self._inner.seek(index * CHECK_CHUNK)
+        chunk = self._inner.read(CHECK_CHUNK)
+        digest = self._digests[index * _DIGEST:(index + 1) * _DIGEST]
+        if len(digest) != _DIGEST or _chunk_digest(chunk) != digest:
+            raise self.view.unreadable(self.path, StorageError(
+                f"blob {self.view.sha(self.path)} is damaged: its bytes changed after they "
+                "were checked", reason="store_corrupt"))
+        self._held[index] = chunk
+        if len(self._held) > CHECKED_HELD:
+            self._held.popitem(last=False)
+        return chunk
+
+    def close(self) -> None:
+        inner, self._inner = self._inner, None
+        if inner is not None:
+            inner.close()
 
 
 class _Rechecked(io.RawIOBase):
-    """A seekable stream of one file of a view whose every chunk is compared with the
-    digest taken when the file was checked (:meth:`PackageView.checked_opener`)."""
+    """A seekable stream of one file of a view, every chunk of it as it was checked
+    (:class:`_CheckedChunks`)."""
 
-    def __init__(self, view: PackageView, path: str, size: int, digests: list[bytes]):
+    def __init__(self, chunks: _CheckedChunks):
         super().__init__()
-        self._view, self._path, self._size, self._digests = view, path, size, digests
-        self._inner = view.open(path)
+        self._chunks = chunks
         self._at = 0
-        self._index = -1
-        self._chunk = b""
 
     def readable(self) -> bool:
         return True
@@ -308,28 +341,21 @@ class _Rechecked(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        if self._at >= self._size or not len(buffer):
+        size = self._chunks.size
+        if self._at >= size or not len(buffer):
             return 0
         index, offset = divmod(self._at, CHECK_CHUNK)
-        if index != self._index:
-            self._inner.seek(index * CHECK_CHUNK)
-            chunk = self._inner.read(CHECK_CHUNK)
-            if index >= len(self._digests) or _chunk_digest(chunk) != self._digests[index]:
-                sha = self._view.sha(self._path)
-                raise self._view.unreadable(self._path, StorageError(
-                    f"blob {sha} is damaged: its bytes changed after they were checked",
-                    reason="store_corrupt"))
-            self._index, self._chunk = index, chunk
-        data = self._chunk[offset:offset + len(buffer)]
+        end = min(CHECK_CHUNK, size - index * CHECK_CHUNK, offset + len(buffer))
+        data = self._chunks.get(index)[offset:end]
         buffer[: len(data)] = data
         self._at += len(data)
         return len(data)
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: self._size}[whence]
-        if base + offset < 0:
-            raise ValueError(f"negative seek position {base + offset}")
-        self._at = base + offset
+        bases = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: self._chunks.size}
+        if whence not in bases or type(offset) is not int or bases[whence] + offset < 0:
+            raise ValueError(f"invalid seek ({offset!r}, {whence!r})")
+        self._at = bases[whence] + offset
         return self._at
 
     def tell(self) -> int:
@@ -337,7 +363,7 @@ class _Rechecked(io.RawIOBase):
 
     def close(self) -> None:
         try:
-            self._inner.close()
+            self._chunks.close()
         finally:
             super().close()
 

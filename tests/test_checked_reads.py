@@ -3,12 +3,13 @@
 An archive's members are read by seeks, which the store's end-of-file sha256 check does not
 cover, so ``PackageView.checked_opener`` reads the archive once through the check, keeping
 a digest per chunk, and its streams give back only chunks that match. Those streams must
-behave as files do (zipfile and tarfile seek, tell and read past the end), must not read
-a chunk again at every jump between a zip's members, and must stop at the file's size.
+behave as files do (zipfile and tarfile seek, tell and read past the end), and must not
+read a chunk again at every jump between a zip's members; a file whose size is not the
+manifest's is a history problem.
 
 ``reading_bound`` decides whether a plan may run on the event loop: it counts a tar at what
-it may expand to and a zip at a chunk per member, and reads nothing more once the stored
-bytes alone are over the limit.
+it may expand to and a zip at a chunk per member its catalogue lists, and reads nothing
+more once the stored bytes alone are over the limit.
 """
 
 from __future__ import annotations
@@ -84,17 +85,6 @@ def test_a_checked_stream_reads_seeks_and_tells_as_a_file_does(size: int) -> Non
         assert f.read() == data[size // 2:]
 
 
-def test_a_checked_stream_stops_at_the_file_s_size() -> None:
-    """A manifest that names fewer bytes than its blob holds: the stream gives that many."""
-    files = _Files()
-    data = b"x" * (CHECK_CHUNK + 100)
-    view = _view(files, {"a": data})
-    short = attrs.evolve(view.manifest, files={"a": FileEntry(view.manifest.files["a"].sha256,
-                                                               1000)})
-    with attrs.evolve(view, manifest=short).checked_opener("a")() as f:
-        assert len(f.read(5000)) == 1000 and f.tell() == 1000
-
-
 def test_bytes_changed_after_the_check_are_the_store_s_damage() -> None:
     files = _Files()
     faults: list[VianoError] = []
@@ -155,37 +145,81 @@ def test_a_zip_s_jumps_between_its_parts_read_each_chunk_once(
     assert len(hashed) - chunks <= chunks, f"{len(hashed) - chunks} chunk reads of {chunks}"
 
 
-def _record(*inputs: dict[str, Any]) -> bytes:
+def _documents(inputs: list[Any], sources: list[Any]) -> dict[str, bytes]:
     import json
-    return json.dumps({"inputs": list(inputs)}).encode()
+    return {"case/intake.json": json.dumps({"inputs": inputs}).encode(),
+            "case/catalogue.json": json.dumps({"sources": sources}).encode()}
+
+
+POINTERS = {"intake": "case/intake.json", "catalogue": "case/catalogue.json"}
 
 
 def test_the_reading_bound_counts_what_a_plan_may_inflate_or_jump_across() -> None:
-    files = _Files()
-    plain = {"inputs/a.log": b"x" * 1000}
+    """A tar at what it may expand to; a zip at a chunk per member the catalogue lists of
+    it, whatever the intake record says (an import's record said 1 of 100); hostile
+    entries count nothing and raise nothing."""
     tgz, zp = b"t" * 30_000, b"z" * 5_000
-    record = _record({"input": "inputs/a.log"},
-                     {"input": "inputs/d.tar.gz", "archive": "tar.gz", "members": 3},
-                     {"input": "inputs/d.zip", "archive": "zip", "members": 100},
-                     {"input": ["not", "a", "name"], "archive": "zip"}, "not a dict",
-                     {"input": "inputs/gone.zip", "archive": "zip", "members": 9})
-    paths = {**plain, "inputs/d.tar.gz": tgz, "inputs/d.zip": zp, "case/intake.json": record}
-    view = _view(files, paths, {"intake": "case/intake.json"})
+    members = [{"source_id": f"S{i}", "origin": {"input": "inputs/d.zip",
+                                                 "member": f"logs/{i}.log"}}
+               for i in range(100)]
+    sources = [{"source_id": "S-a", "origin": {"input": "inputs/a.log"}},
+               {"source_id": "S-t", "origin": {"input": "inputs/d.tar.gz", "member": "x"}},
+               {"source_id": "S-odd", "origin": "not a dict"},
+               {"source_id": "S-odd2", "origin": {"input": ["a"], "member": "y"}}, *members]
+    inputs = [{"input": "inputs/a.log"},
+              {"input": "inputs/d.tar.gz", "archive": "tar.gz", "members": 3},
+              {"input": "inputs/d.zip", "archive": "zip", "members": 1},
+              {"input": ["not", "a", "name"], "archive": "zip"}, "not a dict",
+              {"input": "inputs/gone.zip", "archive": "zip", "members": 9},
+              {"input": "inputs/a.log", "archive": ["zip"]}]
+    paths = {"inputs/a.log": b"x" * 1000, "inputs/d.tar.gz": tgz, "inputs/d.zip": zp,
+             **_documents(inputs, sources)}
+    view = _view(_Files(), paths, POINTERS)
     stored = sum(len(d) for d in paths.values())
     assert reading_bound(view, 1 << 40) == stored + 200 * len(tgz) + 100 * CHECK_CHUNK
-    # A zip whose record gives no count is counted at the most members it may have.
-    odd = _record({"input": "inputs/d.zip", "archive": "zip", "members": "many"})
-    view = _view(_Files(), {"inputs/d.zip": zp, "case/intake.json": odd},
-                 {"intake": "case/intake.json"})
-    assert reading_bound(view, 1 << 40) == len(zp) + len(odd) + 20_000 * CHECK_CHUNK
 
 
 def test_the_reading_bound_reads_nothing_once_the_stored_bytes_are_over() -> None:
-    """A big case (an imported intake record can be 128 MiB) is planned off the loop
-    without its record parsed on the loop first."""
-    files = _Files()
-    view = _view(files, {"inputs/big.log": b"x" * 5000, "case/intake.json": b"{not json"},
-                 {"intake": "case/intake.json"})
-    assert reading_bound(view, 4000) == 5000 + len(b"{not json")
+    """A big case (an imported record can be 128 MiB) is planned off the loop without its
+    documents parsed on the loop first."""
+    paths = {"inputs/big.log": b"x" * 5000, "case/intake.json": b"{not json",
+             "case/catalogue.json": b"{not json"}
+    view = _view(_Files(), paths, POINTERS)
+    assert reading_bound(view, 4000) == sum(len(d) for d in paths.values())
     with pytest.raises(HistoryProblem):  # read, had it not stopped
         reading_bound(view, 1 << 20)
+
+
+def test_the_streams_of_one_opener_share_the_chunks_held(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import engine._phases._view as view_module
+
+    hashed: list[int] = []
+    digest = view_module._chunk_digest
+    monkeypatch.setattr(view_module, "_chunk_digest",
+                        lambda chunk: hashed.append(len(chunk)) or digest(chunk))
+    data = bytes(range(256)) * (4 * CHECK_CHUNK // 256)
+    opener = _view(_Files(), {"a": data}).checked_opener("a")
+    assert len(hashed) == 4
+    with opener() as first, opener() as second:
+        first.seek(2 * CHECK_CHUNK)
+        assert first.read(10) == data[2 * CHECK_CHUNK:2 * CHECK_CHUNK + 10]
+        second.seek(2 * CHECK_CHUNK + 100)
+        assert second.read(10) == data[2 * CHECK_CHUNK + 100:2 * CHECK_CHUNK + 110]
+    with opener() as third:  # after every stream was closed
+        third.seek(2 * CHECK_CHUNK + 5)
+        assert third.read(3) == data[2 * CHECK_CHUNK + 5:2 * CHECK_CHUNK + 8]
+    assert len(hashed) == 5  # the check's 4, and chunk 2 once
+
+
+def test_a_file_the_manifest_misstates_or_lacks_is_a_history_problem() -> None:
+    files = _Files()
+    data = b"y" * (CHECK_CHUNK + 10)
+    view = _view(files, {"a": data})
+    sha = view.manifest.files["a"].sha256
+    for size in (len(data) + 10, 1000):
+        misstated = attrs.evolve(view.manifest, files={"a": FileEntry(sha, size)})
+        with pytest.raises(HistoryProblem, match=f"holds 65546 bytes, not the {size}"):
+            attrs.evolve(view, manifest=misstated).checked_opener("a")
+    with pytest.raises(HistoryProblem, match="not in generation"):
+        view.checked_opener("missing")

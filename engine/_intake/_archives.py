@@ -425,8 +425,13 @@ class _TarScan(_Scan):
     def run(self) -> list[MemberInfo]:
         out: list[MemberInfo] = []
         with self.corrupt_on_error(None), self.open() as raw:
-            gz = raw.read(2) == b"\x1f\x8b"
-            raw.seek(0)
+            # Peeked where the stream can (a store's forward-only stream cannot seek back).
+            peek = getattr(raw, "peek", None)
+            if peek is not None:
+                gz = peek(2)[:2] == b"\x1f\x8b"
+            else:
+                gz = raw.read(2) == b"\x1f\x8b"
+                raw.seek(0)
             inner: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb") if gz \
                 else raw  # type: ignore[assignment]
             bounded = _BoundedReader(inner, self)

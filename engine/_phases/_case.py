@@ -187,28 +187,37 @@ def reading_bound(view: PackageView, limit: int) -> int:
     ``limit``: its files' stored bytes; for each tar input, what the limits let it expand
     to (a compressed one is inflated up to its members' heads; a plain one is counted so
     too, since the scan sniffs for gzip whatever the record says); for each zip input, a
-    checked chunk per member (its members' reads jump between parts of it). A small
-    ``tar.gz`` can be 200 times its stored size, and a zip of many small members costs
-    a chunk read each: counting stored bytes alone, such a case was planned on the event
-    loop. The intake record is read only when the stored bytes are under ``limit``."""
+    checked chunk per member the catalogue lists of it (their reads may jump between parts
+    of it; the intake record's own count is an import's word, not what is read). A small
+    ``tar.gz`` can be 200 times its stored size, and a zip of many small members costs a
+    chunk read each: counting stored bytes alone, such a case was planned on the event
+    loop. The case's documents are read only when the stored bytes are under ``limit``."""
     files = view.manifest.files
     total = sum(entry.size for entry in files.values())
-    path = view.manifest.pointers.get("intake")
-    if total > limit or path is None or path not in files:
+    pointers = view.manifest.pointers
+    if total > limit or not all(pointers.get(p) in files for p in ("catalogue", "intake")):
         return total
-    inputs = view.read_object(path).get("inputs")
+    case = read_case(view)
+    inputs = case.intake.get("inputs")
+    members: dict[str, int] = {}
+    for s in case.sources:
+        origin = s.get("origin")
+        if not isinstance(origin, dict):
+            continue
+        name = origin.get("input")
+        if isinstance(name, str) and "member" in origin:
+            members[name] = members.get(name, 0) + 1
     limits = IntakeLimits()
     for i in inputs if isinstance(inputs, list) else []:
         name = i.get("input") if isinstance(i, dict) else None
         entry = files.get(name) if isinstance(name, str) else None
         if entry is None:
             continue
-        kind, members = i.get("archive"), i.get("members")
+        kind = i.get("archive")
         if kind in ("tar", "tar.gz"):
             total += int(min(limits.max_total_bytes, entry.size * limits.max_compression_ratio))
         elif kind == "zip":
-            count = members if type(members) is int and members > 0 else limits.max_members
-            total += min(count, limits.max_members) * CHECK_CHUNK
+            total += members.get(str(name), 0) * CHECK_CHUNK
     return total
 
 
@@ -217,9 +226,9 @@ def _read_heads(view: PackageView, plan: list[tuple[Mapping[str, Any], int]],
     """The heads the plan asks for. Every stored input they come from is read to its end
     first or with them, so the store checks it against its sha256: a head alone would
     reach no check, and damaged bytes would be pinned in the context (a damaged input
-    is a HistoryProblem; the case actor names the store's reason). An archive's member
-    heads are read through a checked opener: bytes that changed after its check are
-    that damage too."""
+    is a HistoryProblem; the case actor names the store's reason). A zip's member heads
+    are read through a checked opener (bytes that changed after its check are that
+    damage too), a tar's in one forward read that ends with the check."""
     by_input: dict[str, dict[str, tuple[str, int]]] = {}
     out: dict[str, bytes] = {}
     for s, want in plan:
@@ -241,7 +250,11 @@ def _read_heads(view: PackageView, plan: list[tuple[Mapping[str, Any], int]],
         if kind not in ("zip", "tar", "tar.gz"):
             continue
         try:
-            heads = member_heads(view.checked_opener(name), entry.size, str(kind),
+            # A zip is read by seeks (checked chunks); a tar forward, through the store's own
+            # check, which its stream's close reaches before the heads are used.
+            opener = view.checked_opener(name) if kind == "zip" else \
+                view.forward_opener(name)
+            heads = member_heads(opener, entry.size, str(kind),
                                  {m: w for m, (_, w) in members.items()}, IntakeLimits(),
                                  name)
         except ArchiveRejected:

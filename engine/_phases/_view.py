@@ -217,6 +217,14 @@ class PackageView:
         chunks = _CheckedChunks(self, path)
         return lambda: io.BufferedReader(_Rechecked(chunks), buffer_size=STREAM_BUFFER)
 
+    def forward_opener(self, path: str) -> Callable[[], IO[bytes]]:
+        """An opener of ``path`` for one forward read (a tar's members): its stream, closed,
+        reads on to the file's end first, so the store's sha256 check has passed (or
+        raised: a :class:`HistoryProblem`) before anything read from it is used, in one
+        read of the file. It cannot seek, since a seek turns that check off."""
+        return lambda: io.BufferedReader(_ToItsEnd(self.open(path)),
+                                         buffer_size=STREAM_BUFFER)
+
     def unreadable(self, path: str, exc: VianoError) -> HistoryProblem:
         """The :class:`HistoryProblem` a store error on a read of ``path`` is (the view's
         ``on_fault`` is told of the error first)."""
@@ -280,6 +288,40 @@ class _StoreStream(io.RawIOBase):
             super().close()
 
 
+class _ToItsEnd(io.RawIOBase):
+    """A forward-only stream of one file of a view that, closed, reads on to the end
+    (:meth:`PackageView.forward_opener`)."""
+
+    def __init__(self, inner: IO[bytes]):
+        super().__init__()
+        self._inner = inner
+        self._failed = False  # a read raised (told already): no read on to the end
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        try:
+            data = self._inner.read(len(buffer))
+        except BaseException:
+            self._failed = True
+            raise
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            while not self._failed and self._inner.read(STREAM_BUFFER):
+                pass
+        finally:
+            try:
+                self._inner.close()
+            finally:
+                super().close()
+
+
 def _chunk_digest(chunk: bytes) -> bytes:
     return hashlib.blake2b(chunk, digest_size=_DIGEST).digest()
 
@@ -291,11 +333,16 @@ class _CheckedChunks:
 
     def __init__(self, view: PackageView, path: str):
         self.view, self.path = view, path
-        self.size = view.manifest.files[path].size
         digests = bytearray()
-        with view.open(path) as f:
+        read = 0
+        with view.open(path) as f:  # a path not in the manifest: a HistoryProblem here
             while chunk := f.read(CHECK_CHUNK):
                 digests += _chunk_digest(chunk)
+                read += len(chunk)
+        self.size = view.manifest.files[path].size
+        if read != self.size:
+            raise HistoryProblem(f"{path} holds {read} bytes, not the {self.size} its "
+                                 "manifest says")
         self._digests = bytes(digests)
         self._held: OrderedDict[int, bytes] = OrderedDict()
         self._inner: IO[bytes] | None = None

@@ -240,6 +240,51 @@ class _FailingDisk(io.RawIOBase):
         return n
 
 
+class _SeekFailingDisk(_FailingDisk):
+    """A blob file whose reads succeed and whose seeks fail (EIO), past the first."""
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if (offset, whence) != (0, io.SEEK_SET):
+            raise OSError(errno.EIO, "Input/output error")
+        return super().seek(offset, whence)
+
+
+def test_a_disk_that_fails_under_a_zip_s_seeks_is_store_unavailable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A zip's members are read by seeks: one that fails under them was an OSError, which
+    the archive scan took for a corrupt archive (an 'unreadable' excerpt, pinned and sent);
+    it is the store's error, as a failing read is."""
+    import engine._phases._view as view_module
+    from engine import INTERPRETATION, InterpretationPolicy, PackageView, VianoError
+    from engine._phases import HistoryProblem
+    from engine._phases._interpretation import interpretation_policy
+    from engine._store._blobs import verified_stream
+
+    # Bigger than one checked chunk: its members' reads seek the disk.
+    store, data = tmp_path / "s", _taken_in(tmp_path / "s", tmp_path, "blob-file zip member",
+                                            "K-1")
+    ro = open_ro(store)
+    try:
+        ref = ro.case("K-1")
+        manifest = ro.manifest(ref.package_id, ref.generation)
+        [sha] = [e.sha256 for p, e in manifest.files.items() if p.startswith("inputs/")
+                 and e.size == len(data)]
+
+        def opener(digest: str) -> Any:
+            if digest != sha:
+                return ro.open_blob(digest)
+            return verified_stream(_SeekFailingDisk(data, 1 << 40), sha, len(data))
+
+        faults: list[VianoError] = []
+        view = PackageView(manifest, ro.read_blob, opener, faults.append)
+        monkeypatch.setattr(view_module, "DOCUMENTS", view_module._Documents())
+        with pytest.raises(HistoryProblem, match="cannot be read"):
+            INTERPRETATION.context(view, interpretation_policy(InterpretationPolicy()), 1)
+    finally:
+        ro.close()
+    assert [f.reason for f in faults] == ["store_unavailable"]
+
+
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_a_disk_that_fails_under_an_attachment_is_store_unavailable(
         tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:

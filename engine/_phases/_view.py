@@ -254,8 +254,9 @@ class PackageView:
 
 
 class _StoreStream(io.RawIOBase):
-    """A store's stream of one file of a view: a store error on a read (the end-of-file
-    hash check, a disk that fails) is the view's :class:`HistoryProblem`."""
+    """A store's stream of one file of a view: a store error on a read, a seek or a tell
+    (the end-of-file hash check, a disk that fails) is the view's
+    :class:`HistoryProblem`."""
 
     def __init__(self, inner: IO[bytes], path: str, view: PackageView):
         super().__init__()
@@ -268,18 +269,25 @@ class _StoreStream(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        try:
+        with self._store_errors():
             data = self._inner.read(len(buffer))
-        except StorageError as exc:  # not an import's own refusals (input_changed)
-            raise self._view.unreadable(self._path, exc) from exc
         buffer[: len(data)] = data
         return len(data)
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        return self._inner.seek(offset, whence)
+        with self._store_errors():
+            return self._inner.seek(offset, whence)
 
     def tell(self) -> int:
-        return self._inner.tell()
+        with self._store_errors():
+            return self._inner.tell()
+
+    @contextlib.contextmanager
+    def _store_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except StorageError as exc:  # not an import's own refusals (input_changed)
+            raise self._view.unreadable(self._path, exc) from exc
 
     def close(self) -> None:
         try:

@@ -221,13 +221,8 @@ class VerifyingReader(io.RawIOBase):
         return True
 
     def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
-        try:
+        with self._disk():
             data = self.inner.read(len(b))
-        except OSError as exc:  # a disk or mount that fails: the store's, not the caller's
-            raise StorageError(f"blob {self.sha256} cannot be read: {exc.strerror or exc}",
-                               reason="store_unavailable",
-                               hint="Check the disk or mount the store is on, then run "
-                                    "again; 'viano verify' checks every blob.") from exc
         b[: len(data)] = data
         if self.hash is not None:
             self.hash.update(data)
@@ -238,12 +233,26 @@ class VerifyingReader(io.RawIOBase):
         return len(data)
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if (offset, whence) != (0, io.SEEK_SET) or self.inner.tell() != 0:
-            self.hash = None  # random access (zipfile): the sequential check cannot apply
-        return self.inner.seek(offset, whence)
+        with self._disk():
+            if (offset, whence) != (0, io.SEEK_SET) or self.inner.tell() != 0:
+                self.hash = None  # random access (zipfile): the sequential check is off
+            return self.inner.seek(offset, whence)
 
     def tell(self) -> int:
-        return self.inner.tell()
+        with self._disk():
+            return self.inner.tell()
+
+    @contextmanager
+    def _disk(self) -> Iterator[None]:
+        """A disk or mount that fails under a read, a seek or a tell: the store's error,
+        not the caller's (an archive's scan took an OSError for a corrupt archive)."""
+        try:
+            yield
+        except OSError as exc:
+            raise StorageError(f"blob {self.sha256} cannot be read: {exc.strerror or exc}",
+                               reason="store_unavailable",
+                               hint="Check the disk or mount the store is on, then run "
+                                    "again; 'viano verify' checks every blob.") from exc
 
     def close(self) -> None:
         self.inner.close()

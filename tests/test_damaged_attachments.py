@@ -249,40 +249,62 @@ class _SeekFailingDisk(_FailingDisk):
         return super().seek(offset, whence)
 
 
+class _Attached:
+    """A case taken in with one attachment of ``kind``, its store open read-only, and its
+    interpretation context derived over a view whose attachment blob is read through the
+    store's verifying stream over what the test gives (``raw()``, called at each open,
+    counted in ``opens``); every other blob comes from the store. The document cache is
+    emptied first: nothing read before may answer for the attachment."""
+
+    def __init__(self, tmp: Path, kind: str, case_id: str, monkeypatch: pytest.MonkeyPatch):
+        import engine._phases._view as view_module
+
+        self.data = _taken_in(tmp / "s", tmp, kind, case_id)
+        self.ro = open_ro(tmp / "s")
+        ref = self.ro.case(case_id)
+        self.manifest = self.ro.manifest(ref.package_id, ref.generation)
+        [self.sha] = [e.sha256 for p, e in self.manifest.files.items()
+                      if p.startswith("inputs/") and e.size == len(self.data)]
+        self.faults: list[Any] = []
+        self.opens = 0
+        monkeypatch.setattr(view_module, "DOCUMENTS", view_module._Documents())
+
+    def context(self, raw: Callable[[], Any]) -> Any:
+        from engine import INTERPRETATION, InterpretationPolicy, PackageView
+        from engine._phases._interpretation import interpretation_policy
+        from engine._store._blobs import verified_stream
+
+        def opener(digest: str) -> Any:
+            if digest != self.sha:
+                return self.ro.open_blob(digest)
+            self.opens += 1
+            return verified_stream(raw(), self.sha, len(self.data))
+
+        view = PackageView(self.manifest, self.ro.read_blob, opener, self.faults.append)
+        return INTERPRETATION.context(view, interpretation_policy(InterpretationPolicy()), 1)
+
+    def close(self) -> None:
+        self.ro.close()
+
+
+def _excerpt_text(context: Any) -> str:
+    assert isinstance(context, bytes)
+    [excerpt] = json.loads(context)["untrusted_case_data"]["excerpts"]
+    return str(excerpt["text"])
+
+
 def test_a_disk_that_fails_under_a_zip_s_seeks_is_store_unavailable(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A zip's members are read by seeks: one that fails under them was an OSError, which
     the archive scan took for a corrupt archive (an 'unreadable' excerpt, pinned and sent);
     it is the store's error, as a failing read is."""
-    import engine._phases._view as view_module
-    from engine import INTERPRETATION, InterpretationPolicy, PackageView, VianoError
     from engine._phases import HistoryProblem
-    from engine._phases._interpretation import interpretation_policy
-    from engine._store._blobs import verified_stream
 
     # Bigger than one checked chunk: its members' reads seek the disk.
-    store, data = tmp_path / "s", _taken_in(tmp_path / "s", tmp_path, "blob-file zip member",
-                                            "K-1")
-    ro = open_ro(store)
-    try:
-        ref = ro.case("K-1")
-        manifest = ro.manifest(ref.package_id, ref.generation)
-        [sha] = [e.sha256 for p, e in manifest.files.items() if p.startswith("inputs/")
-                 and e.size == len(data)]
-
-        def opener(digest: str) -> Any:
-            if digest != sha:
-                return ro.open_blob(digest)
-            return verified_stream(_SeekFailingDisk(data, 1 << 40), sha, len(data))
-
-        faults: list[VianoError] = []
-        view = PackageView(manifest, ro.read_blob, opener, faults.append)
-        monkeypatch.setattr(view_module, "DOCUMENTS", view_module._Documents())
-        with pytest.raises(HistoryProblem, match="cannot be read"):
-            INTERPRETATION.context(view, interpretation_policy(InterpretationPolicy()), 1)
-    finally:
-        ro.close()
-    assert [f.reason for f in faults] == ["store_unavailable"]
+    case = _Attached(tmp_path, "blob-file zip member", "K-1", monkeypatch)
+    with contextlib.closing(case), pytest.raises(HistoryProblem, match="cannot be read"):
+        case.context(lambda: _SeekFailingDisk(case.data, 1 << 40))
+    assert [f.reason for f in case.faults] == ["store_unavailable"]
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -292,34 +314,12 @@ def test_a_disk_that_fails_under_an_attachment_is_store_unavailable(
     archive's member reads turned it into an 'unreadable' excerpt, pinned and sent; a plain
     file's raised a raw OSError, an internal error), the view's fault callback hears
     store_unavailable."""
-    import engine._phases._view as view_module
-    from engine import INTERPRETATION, InterpretationPolicy, PackageView, VianoError
     from engine._phases import HistoryProblem
-    from engine._phases._interpretation import interpretation_policy
-    from engine._store._blobs import verified_stream
 
-    store, data = tmp_path / "s", _taken_in(tmp_path / "s", tmp_path, kind, "E-1")
-    ro = open_ro(store)
-    try:
-        ref = ro.case("E-1")
-        manifest = ro.manifest(ref.package_id, ref.generation)
-        [sha] = [e.sha256 for p, e in manifest.files.items() if p.startswith("inputs/")
-                 and e.size == len(data)]
-
-        def opener(digest: str) -> Any:
-            if digest != sha:
-                return ro.open_blob(digest)
-            return verified_stream(_FailingDisk(data, len(data) // 2), sha, len(data))
-
-        faults: list[VianoError] = []
-        view = PackageView(manifest, ro.read_blob, opener, faults.append)
-        monkeypatch.setattr(view_module, "DOCUMENTS", view_module._Documents())
-        policy = interpretation_policy(InterpretationPolicy())
-        with pytest.raises(HistoryProblem, match="cannot be read"):
-            INTERPRETATION.context(view, policy, 1)
-    finally:
-        ro.close()
-    assert [f.reason for f in faults] == ["store_unavailable"]
+    case = _Attached(tmp_path, kind, "E-1", monkeypatch)
+    with contextlib.closing(case), pytest.raises(HistoryProblem, match="cannot be read"):
+        case.context(lambda: _FailingDisk(case.data, len(case.data) // 2))
+    assert [f.reason for f in case.faults] == ["store_unavailable"]
 
 
 @pytest.mark.parametrize("kind", ["zip member", "blob-file zip member"])
@@ -331,49 +331,20 @@ def test_an_archive_damaged_after_its_check_is_the_store_s_damage(
     into the context (a tar member's head) or made it an 'unreadable' excerpt (a zip
     member's CRC); now each chunk read is compared with what was checked: store_corrupt,
     and no context."""
-    import engine._phases._view as view_module
-    from engine import INTERPRETATION, InterpretationPolicy, PackageView, VianoError
     from engine._phases import HistoryProblem
-    from engine._phases._interpretation import interpretation_policy
-    from engine._store._blobs import verified_stream
 
-    store, data = tmp_path / "s", _taken_in(tmp_path / "s", tmp_path, kind, "R-1")
-    at = data.index(LINE) + 10 * len(LINE)  # inside the member's first bytes
-    damaged = data[:at] + b"X" * len(LINE) + data[at + len(LINE):]
-    assert len(damaged) == len(data)
-    ro = open_ro(store)
-    try:
-        ref = ro.case("R-1")
-        manifest = ro.manifest(ref.package_id, ref.generation)
-        [sha] = [e.sha256 for p, e in manifest.files.items() if p.startswith("inputs/")
-                 and e.size == len(data)]
-        opens: list[str] = []
-
-        def opener(digest: str) -> Any:
-            if digest != sha:
-                return ro.open_blob(digest)
-            opens.append(digest)
-            now = data if len(opens) == 1 else damaged
-            return verified_stream(io.BytesIO(now), sha, len(data))
-
-        faults: list[VianoError] = []
-        view = PackageView(manifest, ro.read_blob, opener, faults.append)
-        monkeypatch.setattr(view_module, "DOCUMENTS", view_module._Documents())
-        policy = interpretation_policy(InterpretationPolicy())
+    with contextlib.closing(_Attached(tmp_path, kind, "R-1", monkeypatch)) as case:
+        data = case.data
+        at = data.index(LINE) + 10 * len(LINE)  # inside the member's first bytes
+        damaged = data[:at] + b"X" * len(LINE) + data[at + len(LINE):]
+        assert len(damaged) == len(data)
         with pytest.raises(HistoryProblem, match="is damaged"):
-            INTERPRETATION.context(view, policy, 1)
-        assert len(opens) >= 2  # the check, then the members' reads
+            case.context(lambda: io.BytesIO(data if case.opens == 1 else damaged))
+        assert case.opens >= 2  # the check, then the members' reads
         # The same view over bytes that stay as checked gives the member's head.
-        opens.clear()
-        damaged = data
-        view = PackageView(manifest, ro.read_blob, opener, faults.append)
-        context = INTERPRETATION.context(view, policy, 1)
-    finally:
-        ro.close()
-    assert [f.reason for f in faults] == ["store_corrupt"]
-    assert isinstance(context, bytes)
-    [excerpt] = json.loads(context)["untrusted_case_data"]["excerpts"]
-    assert excerpt["text"].startswith(LINE.decode() * 20), excerpt
+        context = case.context(lambda: io.BytesIO(data))
+    assert [f.reason for f in case.faults] == ["store_corrupt"]
+    assert _excerpt_text(context).startswith(LINE.decode() * 20)
 
 
 def test_a_tar_is_read_once_and_checked_to_its_end_before_its_heads_are_used(
@@ -382,44 +353,16 @@ def test_a_tar_is_read_once_and_checked_to_its_end_before_its_heads_are_used(
     the store's own check, which its stream's close reaches (a scan stops at the end
     blocks): damage in the 2 MiB of zero blocks after them is store_corrupt, and the
     archive is opened once (it was read whole twice: the check, then the scan)."""
-    import engine._phases._view as view_module
-    from engine import INTERPRETATION, InterpretationPolicy, PackageView, VianoError
     from engine._phases import HistoryProblem
-    from engine._phases._interpretation import interpretation_policy
-    from engine._store._blobs import verified_stream
 
-    store, data = tmp_path / "s", _taken_in(tmp_path / "s", tmp_path, "padded tar member",
-                                            "T-1")
-    damaged = data[:-1000] + b"X" + data[-999:]
-    ro = open_ro(store)
-    try:
-        ref = ro.case("T-1")
-        manifest = ro.manifest(ref.package_id, ref.generation)
-        [sha] = [e.sha256 for p, e in manifest.files.items() if p.startswith("inputs/")
-                 and e.size == len(data)]
-        opens: list[bytes] = []
-
-        def opener(digest: str) -> Any:
-            if digest != sha:
-                return ro.open_blob(digest)
-            opens.append(digest.encode())
-            return verified_stream(io.BytesIO(now), sha, len(data))
-
-        faults: list[VianoError] = []
-        policy = interpretation_policy(InterpretationPolicy())
-        monkeypatch.setattr(view_module, "DOCUMENTS", view_module._Documents())
-        now = damaged
+    with contextlib.closing(_Attached(tmp_path, "padded tar member", "T-1",
+                                      monkeypatch)) as case:
+        data = case.data
+        damaged = data[:-1000] + b"X" + data[-999:]
         with pytest.raises(HistoryProblem, match="is damaged"):
-            INTERPRETATION.context(PackageView(manifest, ro.read_blob, opener,
-                                               faults.append), policy, 1)
-        assert [f.reason for f in faults] == ["store_corrupt"]
-        opens.clear()
-        now = data
-        context = INTERPRETATION.context(PackageView(manifest, ro.read_blob, opener), policy,
-                                         1)
-    finally:
-        ro.close()
-    assert len(opens) == 1
-    assert isinstance(context, bytes)
-    [excerpt] = json.loads(context)["untrusted_case_data"]["excerpts"]
-    assert excerpt["text"].startswith(LINE.decode() * 20), excerpt
+            case.context(lambda: io.BytesIO(damaged))
+        assert [f.reason for f in case.faults] == ["store_corrupt"]
+        case.opens = 0
+        context = case.context(lambda: io.BytesIO(data))
+    assert case.opens == 1
+    assert _excerpt_text(context).startswith(LINE.decode() * 20)

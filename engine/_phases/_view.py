@@ -399,9 +399,8 @@ class _Rechecked(io.RawIOBase):
         size = self._chunks.size
         if self._at >= size or not len(buffer):
             return 0
-        index, offset = divmod(self._at, CHECK_CHUNK)
-        end = min(CHECK_CHUNK, size - index * CHECK_CHUNK, offset + len(buffer))
-        data = self._chunks.get(index)[offset:end]
+        index, offset = divmod(self._at, CHECK_CHUNK)  # (its check read exactly size bytes)
+        data = self._chunks.get(index)[offset:offset + len(buffer)]
         buffer[: len(data)] = data
         self._at += len(data)
         return len(data)

@@ -244,6 +244,19 @@ class TestRedactorPrecheck:
         plain = '{"context": "ünïcode \\n no secret here, 50 percent"}' * 500
         assert r.text(plain) is plain  # the fast path: the very same object back
 
+    def test_a_secret_added_later_changes_the_precheck_too(self) -> None:
+        """The pre-check's view of the secrets is made when one is added: a later secret
+        with a space (whose ``+`` form is no plain substring) turns the fast path off, and
+        a later plain one is looked for by it."""
+        from engine._gateway._redact import MASK, Redactor
+
+        r = Redactor([self.SECRET])
+        r.add("open sesame 1234")
+        assert r.text("q=open+sesame+1234") == f"q={MASK}"
+        r = Redactor([self.SECRET])
+        r.add("tok/en-added-later")
+        assert r.text('{"k": "tok\\/en-added-later"}') == f'{{"k": "{MASK}"}}'
+
     def test_the_precheck_agrees_with_the_pattern(self) -> None:
         from hypothesis import given, settings
         from hypothesis import strategies as st

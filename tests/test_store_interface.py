@@ -322,6 +322,21 @@ class TestValuesNoBackendHolds:
         with pytest.raises(ChangeRejected):
             CaseStatus(**(base | field))  # type: ignore[arg-type]
 
+    @pytest.mark.no_store
+    def test_a_status_word_is_refused_for_each_unprintable_class_and_only_for_those(
+            self) -> None:
+        """Each edge of what a status word may not hold (C0 controls, DEL and the C1
+        controls, lone surrogates) is refused; the code points just beside them are
+        kept."""
+        refused = ["\x00", "\x1f", "\x7f", "\x80", "\x9f", "\ud800", "\udfff"]
+        kept = [" ", "~", "\xa0", "\ud7ff", "\ue000", "\U0010ffff"]
+        for ch in refused:
+            with pytest.raises(ChangeRejected):
+                CaseStatus(status="READY", phase="INTAKE", reason=f"a{ch}b")
+        for ch in kept:
+            assert CaseStatus(status="READY", phase="INTAKE",
+                              reason=f"a{ch}b").reason == f"a{ch}b"
+
     def test_one_value_the_database_refuses_fails_only_its_request(
             self, tmp_path: Path) -> None:
         """Past every check (validators switched off, as a bug would), a count no 64-bit

@@ -84,6 +84,10 @@ class Redactor:
     def __init__(self, secrets: Iterable[str] = ()):
         self._secrets: list[str] = []
         self._pattern: re.Pattern[str] | None = None
+        # For the pre-check: the secrets in lower case when every one of them is plain
+        # (see _cannot_hold_a_secret), else None; and whether one holds a "/". Set with
+        # the pattern, as one tuple (text() reads it once, without the lock).
+        self._plain: tuple[tuple[str, ...] | None, bool] = ((), False)
         self._lock = threading.Lock()
         for s in secrets:
             self.add(s)
@@ -101,6 +105,10 @@ class Redactor:
             self._secrets.append(secret)
             self._secrets.sort(key=len, reverse=True)
             alternatives = "|".join(_secret_pattern(s) for s in self._secrets)
+            plain = not any(" " in s or not s.isascii() or not s.isprintable() or '"' in s
+                            or "\\" in s for s in self._secrets)
+            self._plain = (tuple(s.lower() for s in self._secrets) if plain else None,
+                           any("/" in s for s in self._secrets))
             self._pattern = re.compile(alternatives, re.IGNORECASE)
 
     def add_url_secrets(self, url: str) -> None:
@@ -137,16 +145,15 @@ class Redactor:
         (İ ı for i, K for k, ſ for s) are folded to them."""
         if "%" in value or "&#" in value or "\\u" in value or "\\U" in value:
             return False
-        secrets = self._secrets
-        if any(" " in s or not s.isascii() or not s.isprintable() or '"' in s or "\\" in s
-               for s in secrets):
+        lowered, slashed = self._plain
+        if lowered is None:
             return False  # escaped forms (\n, \xc3, %c3) differ from the secret itself
         low = value.lower()
         if any(ch in value for ch in _IGNORECASE_CHARS):  # rare: translate() is slow
             low = value.translate(_IGNORECASE_ASCII).lower()
-        if "\\" in low and any("/" in s for s in secrets):
+        if "\\" in low and slashed:
             low = _ESCAPED_SLASH.sub("/", low)
-        return not any(s.lower() in low for s in secrets)
+        return not any(s in low for s in lowered)
 
     def truncate(self, value: str, limit: int) -> str:
         """``value`` cut to ``limit`` characters, masked first, with a trailing fragment

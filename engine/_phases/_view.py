@@ -233,12 +233,13 @@ class PackageView:
         return HistoryProblem(f"{path} cannot be read: {exc.message}")
 
     def read_json(self, path: str) -> Any:
-        data = self.read(path)
-        sha = self.sha(path)
-        assert sha is not None  # read() found the entry
-        cached = DOCUMENTS.get(sha)
+        entry = self.manifest.files.get(path)
+        cached = None if entry is None else DOCUMENTS.get(entry.sha256)
         if cached is not None and cached[1] is not _UNPARSED:
             return cached[1]
+        data = cached[0] if cached is not None else self.read(path)
+        sha = self.sha(path)
+        assert sha is not None  # read() found the entry
         try:
             doc = loads_untrusted(data)
         except UntrustedJson as exc:

@@ -14,6 +14,7 @@ refused it. A refused request writes nothing and does not affect the others in i
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -45,6 +46,9 @@ def _due(_inst: Any, _attr: Any, value: float | None) -> None:
 
 _MAX_INT = 2**62  # within a signed 64-bit column in every backend
 _MAX_TEXT = 256
+# What no status word may hold: C0 and C1 controls, DEL, and lone surrogates (which no
+# backend's UTF-8 text column can store).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def _text(_inst: Any, attr: Any, value: str | None) -> None:
@@ -53,8 +57,7 @@ def _text(_inst: Any, attr: Any, value: str | None) -> None:
     if value is None and attr.name != "phase":
         return
     if type(value) is not str or not 0 < len(value) <= _MAX_TEXT or \
-            any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 or 0xD800 <= ord(c) < 0xE000
-                for c in value):
+            _UNPRINTABLE.search(value) is not None:
         raise ChangeRejected(f"status {attr.name} {value!r} is not a printable word of at "
                              f"most {_MAX_TEXT} characters")
 

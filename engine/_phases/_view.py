@@ -238,8 +238,8 @@ class PackageView:
         if cached is not None and cached[1] is not _UNPARSED:
             return cached[1]
         data = cached[0] if cached is not None else self.read(path)
-        sha = self.sha(path)
-        assert sha is not None  # read() found the entry
+        assert entry is not None  # else read() raised
+        sha = entry.sha256
         try:
             doc = loads_untrusted(data)
         except UntrustedJson as exc:
